@@ -1,0 +1,31 @@
+"""agentmemory: versioned, concurrency-safe key-value memory for Django-based AI agents."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import AgentMemoryError, InvalidMemory, MemoryUnavailable, VersionConflict
+from .records import MemoryRecord, MemoryVersionRecord
+
+if TYPE_CHECKING:
+    from .store import MemoryStore
+
+__all__ = [
+    "AgentMemoryError",
+    "InvalidMemory",
+    "MemoryRecord",
+    "MemoryStore",
+    "MemoryUnavailable",
+    "MemoryVersionRecord",
+    "VersionConflict",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # MemoryStore imports the models, which need the app registry: import it on first use so
+    # that `import agentmemory` works in settings files too.
+    if name == "MemoryStore":
+        from .store import MemoryStore
+
+        return MemoryStore
+    raise AttributeError(f"module 'agentmemory' has no attribute {name!r}")

@@ -1,0 +1,155 @@
+"""System checks (``manage.py check``; the database ones also run with ``--database`` and migrate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+from django.db import connections
+
+from .conf import DEFAULTS, RETRY_KEYS, get_config
+from .errors import InvalidMemory
+from .validation import check_ttl
+from .vendors import flavor
+
+TIDB_MINIMUM = (6, 5)
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    user = getattr(settings, "AGENTMEMORY", {}) or {}
+    errors = []
+    for name in sorted(set(user) - set(DEFAULTS)):
+        errors.append(
+            Error(
+                f"AGENTMEMORY has an unknown setting {name!r}.",
+                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                id="agentmemory.E001",
+            )
+        )
+    for name in sorted(set(user.get("RETRY") or {}) - RETRY_KEYS):
+        errors.append(
+            Error(
+                f"AGENTMEMORY['RETRY'] has an unknown setting {name!r}.",
+                hint=f"Known settings: {', '.join(sorted(RETRY_KEYS))}.",
+                id="agentmemory.E001",
+            )
+        )
+    config = get_config()
+    if config["DATABASE"] not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"AGENTMEMORY['DATABASE'] is {config['DATABASE']!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                id="agentmemory.E002",
+            )
+        )
+    if config["CACHE"] is not None and config["CACHE"] not in settings.CACHES:
+        errors.append(
+            Error(
+                f"AGENTMEMORY['CACHE'] is {config['CACHE']!r}, which is not in CACHES.",
+                hint="Name a cache alias from CACHES, or None for no cache tier.",
+                id="agentmemory.E003",
+            )
+        )
+    try:
+        check_ttl(config["DEFAULT_TTL"])
+    except InvalidMemory as exc:
+        errors.append(
+            Error(
+                f"AGENTMEMORY['DEFAULT_TTL'] is invalid: {exc}",
+                hint="Seconds > 0, or None.",
+                id="agentmemory.E004",
+            )
+        )
+    size = config["MAX_VALUE_BYTES"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        errors.append(
+            Error(
+                f"AGENTMEMORY['MAX_VALUE_BYTES'] is {size!r}.",
+                hint="A positive number of bytes, e.g. 1048576.",
+                id="agentmemory.E005",
+            )
+        )
+    return errors
+
+
+@register()
+def check_database_options(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    alias = get_config()["DATABASE"]
+    if alias not in settings.DATABASES:
+        return []
+    database = settings.DATABASES[alias]
+    engine = database.get("ENGINE", "")
+    options = database.get("OPTIONS", {})
+    if (
+        engine.endswith("sqlite3")
+        and str(options.get("transaction_mode", "")).upper() != "IMMEDIATE"
+    ):
+        return [
+            Warning(
+                f"SQLite database {alias!r} does not begin transactions with BEGIN IMMEDIATE; "
+                "concurrent writers will fail with 'database is locked' instead of waiting.",
+                hint=f"Set DATABASES[{alias!r}]['OPTIONS'] = {{'transaction_mode': 'IMMEDIATE', "
+                "'timeout': 20, 'init_command': 'PRAGMA journal_mode=WAL;'}.",
+                id="agentmemory.W001",
+            )
+        ]
+    if (engine.endswith("mysql") or engine == "django_tidb") and str(
+        options.get("isolation_level", "")
+    ).lower() != "read committed":
+        return [
+            Warning(
+                f"MySQL-family database {alias!r} does not use READ COMMITTED; REPEATABLE READ "
+                "takes gap locks that make concurrent first writes deadlock (they are retried, "
+                "but cost time).",
+                hint=f"Set DATABASES[{alias!r}]['OPTIONS']['isolation_level'] = 'read committed'.",
+                id="agentmemory.W002",
+            )
+        ]
+    return []
+
+
+@register(Tags.database)
+def check_tidb_server(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Error]:
+    """TiDB must run pessimistic transactions (optimistic ones ignore the row lock until COMMIT)
+    and be >= 6.5 (savepoints, JSON, foreign keys)."""
+    errors: list[Error] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if flavor(connection) != "tidb":
+            continue
+        errors.extend(tidb_errors(alias, connection.tidb_version, _tidb_txn_mode(connection)))
+    return errors
+
+
+def _tidb_txn_mode(connection: Any) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@tidb_txn_mode")
+        return (cursor.fetchone()[0] or "").lower()
+
+
+def tidb_errors(alias: str, version: tuple[int, ...], txn_mode: str) -> list[Error]:
+    errors = []
+    if tuple(version[:2]) < TIDB_MINIMUM:
+        errors.append(
+            Error(
+                f"TiDB database {alias!r} runs version {'.'.join(map(str, version))}; agentmemory "
+                f"needs >= {'.'.join(map(str, TIDB_MINIMUM))}.",
+                hint="Upgrade TiDB (savepoints need 6.2, JSON 6.3, foreign keys 6.6; 6.5 is the LTS).",
+                id="agentmemory.E010",
+            )
+        )
+    # An empty tidb_txn_mode means the server default, pessimistic since TiDB 3.0.8.
+    if txn_mode not in ("", "pessimistic"):
+        errors.append(
+            Error(
+                f"TiDB database {alias!r} runs {txn_mode} transactions: row locks are not taken "
+                "until COMMIT, so concurrent writers surface conflicts late.",
+                hint="SET GLOBAL tidb_txn_mode = 'pessimistic', or add "
+                '"init_command": "SET SESSION tidb_txn_mode=\'pessimistic\'" to the alias\' OPTIONS.',
+                id="agentmemory.E011",
+            )
+        )
+    return errors

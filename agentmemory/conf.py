@@ -1,0 +1,44 @@
+"""The ``AGENTMEMORY`` settings dict, merged over documented defaults.
+
+Read it through :func:`get_config`; the result is cached and cleared whenever Django's
+``setting_changed`` signal fires for ``AGENTMEMORY`` (so ``override_settings`` works in tests).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Database alias the store uses unless MemoryStore(using=...) says otherwise.
+    "DATABASE": "default",
+    # Cache alias of the cache tier (django-redis), or None for no cache tier.
+    "CACHE": None,
+    # TTL applied when a write passes ttl=None: None means "never expires".
+    "DEFAULT_TTL": None,
+    # Largest encoded JSON value accepted, in bytes.
+    "MAX_VALUE_BYTES": 1024 * 1024,
+    # Deadlocks, serialization failures, lock timeouts and lost connections are retried
+    # with jittered exponential backoff: attempt n waits random(0, min(MAX_DELAY, BASE_DELAY*2**n)).
+    "RETRY": {"ATTEMPTS": 12, "BASE_DELAY": 0.005, "MAX_DELAY": 0.5},
+}
+
+RETRY_KEYS = frozenset(DEFAULTS["RETRY"])
+
+
+@cache
+def get_config() -> dict[str, Any]:
+    user = getattr(settings, "AGENTMEMORY", {}) or {}
+    config = {**DEFAULTS, **user}
+    config["RETRY"] = {**DEFAULTS["RETRY"], **(user.get("RETRY") or {})}
+    return config
+
+
+@receiver(setting_changed)
+def _reset_config(*, setting: str, **kwargs: Any) -> None:
+    if setting == "AGENTMEMORY":
+        get_config.cache_clear()

@@ -1,0 +1,40 @@
+"""Errors raised by the store. All derive from :class:`AgentMemoryError`."""
+
+from __future__ import annotations
+
+
+class AgentMemoryError(Exception):
+    """Base class of every error agentmemory raises on purpose."""
+
+
+class VersionConflict(AgentMemoryError):
+    """A compare-and-set write found another version than the one it expected; nothing was written."""
+
+    def __init__(self, session_id: str, key: str, *, expected: int, actual: int) -> None:
+        self.session_id = session_id
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"version conflict on ({session_id!r}, {key!r}): expected version {expected}, "
+            f"current version is {actual}"
+        )
+
+
+class InvalidMemory(AgentMemoryError, ValueError):
+    """An argument broke a rule of the contract; the message names the field and the limit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class MemoryUnavailable(AgentMemoryError):
+    """The database stayed unreachable (or kept failing transiently) after every retry."""
+
+    def __init__(
+        self, message: str, *, cause: BaseException | None = None, attempts: int = 0
+    ) -> None:
+        self.cause = cause
+        self.attempts = attempts
+        super().__init__(message)

@@ -1,0 +1,86 @@
+"""Two tables: the live row of each memory, and its append-only history.
+
+The live row stays after a forget or an expiry as a tombstone (``state`` says which): it carries the
+version counter and is what the row lock locks, so the history stays linear across forget, expiry
+and re-creation, and the history rows keep their parent.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from .fields import ExactCharField
+from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX
+
+
+class MemoryState(models.TextChoices):
+    LIVE = "live", "live"
+    FORGOTTEN = "forgotten", "forgotten"
+    EXPIRED = "expired", "expired"
+
+
+class Op(models.TextChoices):
+    WRITE = "write", "write"
+    FORGET = "forget", "forget"
+    EXPIRE = "expire", "expire"
+    REVERT = "revert", "revert"
+
+
+class Memory(models.Model):
+    """The current state of one ``(session_id, key)``: one row, ever."""
+
+    id = models.BigAutoField(primary_key=True)
+    session_id = ExactCharField(max_length=SESSION_ID_MAX)
+    key = ExactCharField(max_length=KEY_MAX)
+    value = models.JSONField(null=True)
+    version = models.PositiveBigIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=MemoryState.choices, default=MemoryState.LIVE)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "memories"
+        constraints = [
+            # One live row per (session_id, key); it also serves recall and recall_many(prefix=).
+            models.UniqueConstraint(
+                fields=["session_id", "key"], name="agentmemory_one_row_per_key"
+            ),
+        ]
+        indexes = [
+            # purge_expired scans by expiry.
+            models.Index(fields=["expires_at"], name="agentmemory_expires_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}/{self.key} v{self.version}"
+
+
+class MemoryVersion(models.Model):
+    """One version of a memory. Append-only; ``(memory, version)`` is unique."""
+
+    id = models.BigAutoField(primary_key=True)
+    memory = models.ForeignKey(Memory, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveBigIntegerField()
+    op = models.CharField(max_length=8, choices=Op.choices)
+    value = models.JSONField(null=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # The caller's idempotency key, or one the store generated for this call: a retry after an
+    # indeterminate commit finds it and returns the version the first attempt wrote.
+    request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4, null=True, blank=True)
+
+    class Meta:
+        ordering = ["memory", "version"]
+        constraints = [
+            # Even a write that skipped the row lock could not commit a second copy of a version.
+            models.UniqueConstraint(
+                fields=["memory", "version"], name="agentmemory_one_row_per_version"
+            ),
+            models.UniqueConstraint(
+                fields=["memory", "request_id"], name="agentmemory_one_version_per_request"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"v{self.version} {self.op}"

@@ -1,0 +1,33 @@
+"""The immutable values the store hands back to callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+Op = Literal["write", "forget", "expire", "revert"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    """One memory as it is at ``version``. ``value`` is a fresh copy decoded for this caller."""
+
+    session_id: str
+    key: str
+    value: Any
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryVersionRecord:
+    """One entry of a memory's history. ``value`` is None for ``forget`` and ``expire``."""
+
+    version: int
+    op: Op
+    value: Any
+    created_at: datetime
+    expires_at: datetime | None = None

@@ -1,0 +1,523 @@
+"""``MemoryStore``: the public API, and the one write path every change goes through."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connections, transaction
+
+from . import clock, validation
+from .conf import get_config
+from .errors import InvalidMemory, MemoryUnavailable, VersionConflict
+from .models import Memory, MemoryState, MemoryVersion, Op
+from .records import MemoryRecord, MemoryVersionRecord
+from .vendors import Transient, classify
+
+logger = logging.getLogger("agentmemory")
+
+T = TypeVar("T")
+_CACHE_FROM_SETTINGS: Any = object()
+
+
+@dataclass
+class _Change:
+    """What one call asks the write path to do to one key."""
+
+    op: str
+    # For write/revert: fn(current value or default) -> new value, run under the row lock.
+    compute: Callable[[Any], Any] | None = None
+    default: Any = None
+    ttl: timedelta | None = None
+    expected_version: int | None = None
+    request_id: str | None = None
+    # An idempotency key given by the caller is checked on every attempt; a generated one only
+    # on retries (the first attempt cannot have committed before).
+    caller_request_id: bool = False
+    # forget/expire touch only an existing row; writes create it.
+    create: bool = True
+
+
+class MemoryStore:
+    """Versioned key-value memory for one database alias.
+
+    Every write takes the row lock of its ``(session_id, key)`` inside ``transaction.atomic``
+    (``select_for_update``; SQLite serializes with ``BEGIN IMMEDIATE``), appends exactly one history
+    version and retries deadlocks, serialization failures and dropped connections with jittered
+    backoff. Callers see the write's :class:`MemoryRecord`, a :class:`VersionConflict`, an
+    :class:`InvalidMemory` raised before any query, or :class:`MemoryUnavailable` -- never a
+    half-write.
+    """
+
+    def __init__(self, using: str | None = None, cache: str | None = _CACHE_FROM_SETTINGS) -> None:
+        config = get_config()
+        self.using: str = using or config["DATABASE"]
+        self.cache_alias: str | None = config["CACHE"] if cache is _CACHE_FROM_SETTINGS else cache
+        self._max_value_bytes: int = config["MAX_VALUE_BYTES"]
+        self._default_ttl = validation.check_ttl(config["DEFAULT_TTL"])
+        retry = config["RETRY"]
+        self._attempts: int = retry["ATTEMPTS"]
+        self._base_delay: float = retry["BASE_DELAY"]
+        self._max_delay: float = retry["MAX_DELAY"]
+        #: Transient errors absorbed by retries, by kind; read by memcheck and the benchmarks.
+        self.retries: Counter[str] = Counter()
+        self._retries_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore using={self.using!r} cache={self.cache_alias!r}>"
+
+    # ------------------------------------------------------------------ writes
+
+    def remember(
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        ttl: float | timedelta | None = None,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> MemoryRecord:
+        """Write ``value`` as the next version of ``(session_id, key)``.
+
+        ``expected_version=N`` writes only if the current version is N (0: the memory must not
+        exist); otherwise :class:`VersionConflict` and nothing is written. A repeated call with
+        the same ``idempotency_key`` returns the version the first call wrote and writes nothing.
+        """
+        session_id, key = self._check_ids(session_id, key)
+        value = self._check_value(value)
+        change = _Change(
+            Op.WRITE,
+            compute=lambda _current: value,
+            ttl=self._check_ttl(ttl),
+            expected_version=self._check_expected(expected_version),
+            **self._request(idempotency_key),
+        )
+        return self._write(session_id, {key: change})[key]
+
+    def update(
+        self,
+        session_id: str,
+        key: str,
+        fn: Callable[[Any], Any],
+        *,
+        default: Any = None,
+        ttl: float | timedelta | None = None,
+    ) -> MemoryRecord:
+        """Write ``fn(current value)`` (``fn(default)`` when the memory does not exist) under the
+        row lock, so concurrent updates never lose each other. ``fn`` may run more than once if
+        the database asks for a retry: keep it free of side effects."""
+        session_id, key = self._check_ids(session_id, key)
+        if not callable(fn):
+            raise InvalidMemory("fn", f"must be callable, got {type(fn).__name__}")
+        change = _Change(
+            Op.WRITE,
+            compute=lambda current: self._check_value(fn(current)),
+            default=self._check_value(default),
+            ttl=self._check_ttl(ttl),
+            **self._request(None),
+        )
+        return self._write(session_id, {key: change})[key]
+
+    def remember_many(
+        self,
+        session_id: str,
+        items: Mapping[str, Any],
+        *,
+        ttl: float | timedelta | None = None,
+    ) -> dict[str, MemoryRecord]:
+        """Write several keys of one session in one transaction: all of them or none."""
+        session_id = validation.check_session_id(session_id)
+        if not isinstance(items, Mapping):
+            raise InvalidMemory(
+                "items", f"must be a mapping of key to value, got {type(items).__name__}"
+            )
+        ttl = self._check_ttl(ttl)
+        changes = {}
+        for key, value in items.items():
+            checked = self._check_value(value)
+            changes[validation.check_key(key)] = _Change(
+                Op.WRITE, compute=lambda _current, v=checked: v, ttl=ttl, **self._request(None)
+            )
+        return self._write(session_id, changes) if changes else {}
+
+    def revert(self, session_id: str, key: str, version: int) -> MemoryRecord:
+        """Write a NEW version holding the value that ``version`` held (history stays linear)."""
+        session_id, key = self._check_ids(session_id, key)
+        version = validation.check_version("version", version, minimum=1)
+        change = _Change(Op.REVERT, ttl=self._default_ttl, create=False, **self._request(None))
+        change.compute = lambda _current: self._value_of_version(session_id, key, version)
+        return self._write(session_id, {key: change})[key]
+
+    def forget(self, session_id: str, key: str, *, expected_version: int | None = None) -> bool:
+        """Record a ``forget`` version; True if a live memory was forgotten."""
+        session_id, key = self._check_ids(session_id, key)
+        change = _Change(
+            Op.FORGET,
+            expected_version=self._check_expected(expected_version),
+            create=False,
+            **self._request(None),
+        )
+        return self._write(session_id, {key: change})[key] is not None
+
+    def forget_session(self, session_id: str) -> int:
+        """Forget every live memory of the session (each gets a ``forget`` version); the count."""
+        session_id = validation.check_session_id(session_id)
+        keys = (
+            self._memories()
+            .filter(session_id=session_id, state=MemoryState.LIVE)
+            .values_list("key", flat=True)
+        )
+        return sum(self._expire_or_forget(session_id, key, Op.FORGET) for key in sorted(keys))
+
+    def purge_expired(self, *, batch: int = 1000) -> int:
+        """Record an ``expire`` version for each memory past its TTL and retire its live row."""
+        batch = validation.check_version("batch", batch, minimum=1)
+        purged = 0
+        while True:
+            due = list(
+                self._memories()
+                .filter(state=MemoryState.LIVE, expires_at__lte=clock.now())
+                .order_by("expires_at")
+                .values_list("session_id", "key")[:batch]
+            )
+            for session_id, key in due:
+                purged += self._expire_or_forget(session_id, key, Op.EXPIRE)
+            if len(due) < batch:
+                return purged
+
+    def erase_session(self, session_id: str) -> int:
+        """Delete every row and every version of the session, irreversibly: for data-erasure
+        requests and throw-away sessions (memcheck's). Returns the number of memories deleted."""
+        session_id = validation.check_session_id(session_id)
+
+        def erase() -> int:
+            MemoryVersion.objects.using(self.using).filter(memory__session_id=session_id).delete()
+            return self._memories().filter(session_id=session_id).delete()[0]
+
+        return self._transaction(erase)
+
+    # ------------------------------------------------------------------ reads
+
+    def recall(
+        self, session_id: str, key: str, *, version: int | None = None
+    ) -> MemoryRecord | None:
+        """The live memory (or, with ``version=N``, that version as it was); None when it does not
+        exist, was forgotten, or has expired."""
+        session_id, key = self._check_ids(session_id, key)
+        if version is not None:
+            version = validation.check_version("version", version, minimum=1)
+            return self._recall_version(session_id, key, version)
+        return self.recall_many(session_id, [key]).get(key)
+
+    def recall_many(
+        self, session_id: str, keys: Iterable[str] | None = None, *, prefix: str | None = None
+    ) -> dict[str, MemoryRecord]:
+        """Live memories of the session: the given ``keys``, those starting with ``prefix``, or
+        all of them. Missing, forgotten and expired keys are absent from the result."""
+        session_id = validation.check_session_id(session_id)
+        rows = self._memories().filter(session_id=session_id, state=MemoryState.LIVE)
+        if keys is not None and prefix is not None:
+            raise InvalidMemory("prefix", "pass keys or prefix, not both")
+        if keys is not None:
+            if isinstance(keys, str):
+                raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
+            rows = rows.filter(key__in=sorted({validation.check_key(k) for k in keys}))
+        elif prefix is not None:
+            if not isinstance(prefix, str) or len(prefix) > validation.KEY_MAX:
+                raise InvalidMemory(
+                    "prefix", f"must be a str of at most {validation.KEY_MAX} characters"
+                )
+            rows = rows.filter(key__startswith=prefix)
+        now = clock.now()
+        found = {}
+        for key, value, version, created, updated, expires in rows.values_list(
+            "key", "value", "version", "created_at", "updated_at", "expires_at"
+        ):
+            if expires is None or expires > now:
+                found[key] = MemoryRecord(
+                    session_id, key, value, version, created, updated, expires
+                )
+        return found
+
+    def history(self, session_id: str, key: str) -> list[MemoryVersionRecord]:
+        """Every version of ``(session_id, key)``, oldest first; [] if it never existed."""
+        session_id, key = self._check_ids(session_id, key)
+        rows = (
+            MemoryVersion.objects.using(self.using)
+            .filter(memory__session_id=session_id, memory__key=key)
+            .order_by("version")
+            .values_list("version", "op", "value", "created_at", "expires_at")
+        )
+        return [MemoryVersionRecord(*row) for row in rows]
+
+    # ------------------------------------------------------------------ async twins
+
+    async def aremember(self, session_id: str, key: str, value: Any, **kwargs: Any) -> MemoryRecord:
+        return await sync_to_async(self.remember)(session_id, key, value, **kwargs)
+
+    async def aupdate(
+        self, session_id: str, key: str, fn: Callable[[Any], Any], **kwargs: Any
+    ) -> MemoryRecord:
+        return await sync_to_async(self.update)(session_id, key, fn, **kwargs)
+
+    async def aremember_many(
+        self, session_id: str, items: Mapping[str, Any], **kwargs: Any
+    ) -> dict[str, MemoryRecord]:
+        return await sync_to_async(self.remember_many)(session_id, items, **kwargs)
+
+    async def arecall(self, session_id: str, key: str, **kwargs: Any) -> MemoryRecord | None:
+        return await sync_to_async(self.recall)(session_id, key, **kwargs)
+
+    async def arecall_many(
+        self, session_id: str, keys: Iterable[str] | None = None, **kwargs: Any
+    ) -> dict[str, MemoryRecord]:
+        return await sync_to_async(self.recall_many)(session_id, keys, **kwargs)
+
+    async def aforget(self, session_id: str, key: str, **kwargs: Any) -> bool:
+        return await sync_to_async(self.forget)(session_id, key, **kwargs)
+
+    async def ahistory(self, session_id: str, key: str) -> list[MemoryVersionRecord]:
+        return await sync_to_async(self.history)(session_id, key)
+
+    async def arevert(self, session_id: str, key: str, version: int) -> MemoryRecord:
+        return await sync_to_async(self.revert)(session_id, key, version)
+
+    async def aforget_session(self, session_id: str) -> int:
+        return await sync_to_async(self.forget_session)(session_id)
+
+    # ------------------------------------------------------------------ the write path
+
+    def _write(self, session_id: str, changes: dict[str, _Change]) -> dict[str, Any]:
+        """Apply ``changes`` in one transaction, locking rows in sorted key order (so writers of
+        overlapping key sets cannot deadlock each other), retried as a whole."""
+
+        def attempt(retry: bool) -> dict[str, Any]:
+            now = clock.now()
+            return {
+                key: self._apply(session_id, key, changes[key], now, retry)
+                for key in sorted(changes)
+            }
+
+        return self._transaction(attempt, pass_retry=True)
+
+    def _apply(self, session_id: str, key: str, change: _Change, now: datetime, retry: bool) -> Any:
+        """Inside the transaction: lock the row, check, append one version, update the row."""
+        row = self._lock_row(session_id, key, now, create=change.create)
+        if row is None:  # forget/expire/revert of a memory that never existed
+            if change.op == Op.REVERT:
+                raise InvalidMemory(
+                    "version", f"({session_id!r}, {key!r}) has no history to revert to"
+                )
+            self._check_cas(session_id, key, change, actual=0)
+            return None
+        if change.request_id and (retry or change.caller_request_id):
+            done = self._find_request(row, change.request_id)
+            if done is not None:
+                return done
+        if row.state == MemoryState.LIVE and row.expires_at is not None and row.expires_at <= now:
+            # Expiry is a version too: record it before anything else happens to the key.
+            self._append(row, Op.EXPIRE, None, now, None, None)
+            if change.op == Op.EXPIRE:
+                return True
+        if change.op == Op.EXPIRE:  # rewritten with a new TTL since purge_expired looked
+            return None
+        live = row.state == MemoryState.LIVE
+        self._check_cas(session_id, key, change, actual=row.version if live else 0)
+        if change.op in (Op.FORGET, Op.EXPIRE):
+            if not live:
+                return None
+            self._append(row, Op.FORGET, None, now, None, change.request_id)
+            return True
+        value = change.compute(row.value if live else change.default)
+        ttl = change.ttl or self._default_ttl
+        expires_at = now + ttl if ttl else None
+        if not live:
+            row.created_at = now
+        self._append(row, change.op, value, now, expires_at, change.request_id)
+        return MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
+
+    def _lock_row(self, session_id: str, key: str, now: datetime, *, create: bool) -> Memory | None:
+        locked = self._memories().select_for_update().filter(session_id=session_id, key=key)
+        row = locked.first()
+        if row is None and create:
+            # Insert-if-missing, then lock: two writers racing to create a key never make two
+            # rows, and neither sees an IntegrityError. The placeholder (version 0, not live) is
+            # overwritten below in the same transaction, or rolled back with it.
+            placeholder = Memory(
+                session_id=session_id,
+                key=key,
+                version=0,
+                state=MemoryState.FORGOTTEN,
+                created_at=now,
+                updated_at=now,
+            )
+            self._memories().bulk_create([placeholder], ignore_conflicts=True)
+            row = locked.first()
+        return row
+
+    def _append(
+        self,
+        row: Memory,
+        op: str,
+        value: Any,
+        now: datetime,
+        expires_at: datetime | None,
+        request_id: str | None,
+    ) -> None:
+        """Append version ``row.version + 1`` and make the live row match it."""
+        row.version += 1
+        row.value = value
+        row.state = {Op.FORGET: MemoryState.FORGOTTEN, Op.EXPIRE: MemoryState.EXPIRED}.get(
+            op, MemoryState.LIVE
+        )
+        row.updated_at = now
+        row.expires_at = expires_at
+        row.save(
+            using=self.using,
+            update_fields=["version", "value", "state", "created_at", "updated_at", "expires_at"],
+        )
+        MemoryVersion.objects.using(self.using).create(
+            memory=row,
+            version=row.version,
+            op=op,
+            value=value,
+            created_at=now,
+            expires_at=expires_at,
+            request_id=request_id,
+        )
+
+    def _find_request(self, row: Memory, request_id: str) -> Any:
+        """The result of an earlier attempt or call with the same request id, if it committed."""
+        done = (
+            MemoryVersion.objects.using(self.using)
+            .filter(memory=row, request_id=request_id)
+            .first()
+        )
+        if done is None:
+            return None
+        if done.op in (Op.FORGET, Op.EXPIRE):
+            return True
+        return MemoryRecord(
+            row.session_id,
+            row.key,
+            done.value,
+            done.version,
+            row.created_at,
+            done.created_at,
+            done.expires_at,
+        )
+
+    def _check_cas(self, session_id: str, key: str, change: _Change, *, actual: int) -> None:
+        if change.expected_version is not None and change.expected_version != actual:
+            raise VersionConflict(session_id, key, expected=change.expected_version, actual=actual)
+
+    def _expire_or_forget(self, session_id: str, key: str, op: str) -> bool:
+        return bool(
+            self._write(session_id, {key: _Change(op, create=False, **self._request(None))})[key]
+        )
+
+    def _value_of_version(self, session_id: str, key: str, version: int) -> Any:
+        old = (
+            MemoryVersion.objects.using(self.using)
+            .filter(memory__session_id=session_id, memory__key=key, version=version)
+            .values_list("op", "value")
+            .first()
+        )
+        if old is None:
+            raise InvalidMemory("version", f"({session_id!r}, {key!r}) has no version {version}")
+        if old[0] not in (Op.WRITE, Op.REVERT):
+            raise InvalidMemory(
+                "version", f"version {version} is a {old[0]}; it holds no value to revert to"
+            )
+        return old[1]
+
+    def _transaction(self, work: Callable[..., T], *, pass_retry: bool = False) -> T:
+        """Run ``work`` in ``transaction.atomic``, retrying the whole transaction on transient
+        errors. Inside a caller's own transaction nothing can be retried (the server rolled the
+        whole transaction back), so the error propagates for the caller to retry."""
+        connection = connections[self.using]
+        if connection.in_atomic_block:
+            with transaction.atomic(using=self.using):
+                return work(False) if pass_retry else work()
+        error: BaseException | None = None
+        for attempt in range(self._attempts):
+            if attempt:
+                ceiling = min(self._max_delay, self._base_delay * 2**attempt)
+                time.sleep(random.uniform(0, ceiling))
+            try:
+                with transaction.atomic(using=self.using):
+                    return work(attempt > 0) if pass_retry else work()
+            except DatabaseError as exc:
+                kind = classify(exc)
+                if kind is None:
+                    raise
+                with self._retries_lock:
+                    self.retries[kind.value] += 1
+                error = exc
+                if kind is Transient.DISCONNECT:
+                    connection.close()
+        raise MemoryUnavailable(
+            f"database {self.using!r} still failing after {self._attempts} attempts: {error}",
+            cause=error,
+            attempts=self._attempts,
+        ) from error
+
+    # ------------------------------------------------------------------ helpers
+
+    def _memories(self) -> Any:
+        return Memory.objects.using(self.using)
+
+    def _recall_version(self, session_id: str, key: str, version: int) -> MemoryRecord | None:
+        found = (
+            MemoryVersion.objects.using(self.using)
+            .filter(
+                memory__session_id=session_id,
+                memory__key=key,
+                version=version,
+                op__in=[Op.WRITE, Op.REVERT],
+            )
+            .values_list("value", "created_at", "expires_at", "memory__created_at")
+            .first()
+        )
+        if found is None:
+            return None
+        value, created, expires, memory_created = found
+        if expires is not None and expires <= clock.now():
+            return None
+        return MemoryRecord(
+            session_id, key, value, version, min(memory_created, created), created, expires
+        )
+
+    def _check_ids(self, session_id: Any, key: Any) -> tuple[str, str]:
+        return validation.check_session_id(session_id), validation.check_key(key)
+
+    def _check_value(self, value: Any) -> Any:
+        # A decoded copy: the caller's later mutations cannot reach what was stored or returned.
+        return json.loads(validation.encode_value(value, self._max_value_bytes))
+
+    def _check_ttl(self, ttl: Any) -> timedelta | None:
+        return validation.check_ttl(ttl)
+
+    def _check_expected(self, expected_version: Any) -> int | None:
+        if expected_version is None:
+            return None
+        return validation.check_version("expected_version", expected_version, minimum=0)
+
+    def _request(self, idempotency_key: str | None) -> dict[str, Any]:
+        if idempotency_key is not None:
+            return {
+                "request_id": "k:" + validation.check_idempotency_key(idempotency_key),
+                "caller_request_id": True,
+            }
+        return {"request_id": uuid.uuid4().hex}

@@ -1,0 +1,81 @@
+"""Everything that differs between database servers, in one place.
+
+- which errors mean "the transaction was rolled back, run it again" (``CONFLICT``) and which mean
+  "the connection is gone, reconnect and run it again" (``DISCONNECT``);
+- how to tell TiDB from MySQL/MariaDB (django-tidb reports vendor ``"mysql"``).
+"""
+
+from __future__ import annotations
+
+import enum
+import sqlite3
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError
+
+
+class Transient(enum.Enum):
+    CONFLICT = "conflict"  # deadlock, serialization failure, lock wait timeout, write conflict
+    DISCONNECT = "disconnect"  # the server or the network dropped the connection
+
+
+# MySQL/MariaDB: 1213 deadlock, 1205 lock wait timeout. TiDB: 9007 write conflict, 8002 SELECT FOR
+# UPDATE write conflict, 8022 transaction commit failed and must be retried, 8028 schema changed
+# under the transaction; TiDB reports 1213 and 1205 too.
+MYSQL_CONFLICT_CODES = frozenset({1213, 1205, 9007, 8002, 8022, 8028})
+# 2002/2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
+# 2055 lost connection (SSL), 1053 server shutdown, 1927 connection killed (MariaDB),
+# 4031 disconnected by the server (MySQL 8).
+MYSQL_DISCONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031})
+# PostgreSQL SQLSTATEs: 40001 serialization_failure, 40P01 deadlock_detected,
+# 55P03 lock_not_available (lock_timeout).
+POSTGRES_CONFLICT_STATES = frozenset({"40001", "40P01", "55P03"})
+# 57P01-57P03 admin/crash shutdown (pg_terminate_backend), class 08 connection exceptions.
+POSTGRES_DISCONNECT_STATES = frozenset({"57P01", "57P02", "57P03"})
+# SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes in the high bits.
+SQLITE_BUSY_CODES = frozenset({5, 6})
+
+
+def flavor(connection: Any) -> str:
+    """``"sqlite"``, ``"postgresql"``, ``"mysql"``, ``"mariadb"`` or ``"tidb"``."""
+    if connection.vendor != "mysql":
+        return connection.vendor
+    if getattr(connection, "display_name", "") == "TiDB":
+        return "tidb"
+    return "mariadb" if connection.mysql_is_mariadb else "mysql"
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    # Django wraps the driver's exception and keeps it as __cause__.
+    return exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
+
+
+def classify(exc: BaseException) -> Transient | None:
+    """Whether ``exc`` is worth retrying the whole transaction for, and why; None if not."""
+    error = _driver_error(exc)
+    if isinstance(error, sqlite3.Error):
+        code = getattr(error, "sqlite_errorcode", None)
+        if (code is not None and code & 0xFF in SQLITE_BUSY_CODES) or "locked" in str(error):
+            return Transient.CONFLICT
+        return None
+    module = type(error).__module__.split(".")[0]
+    if module in ("MySQLdb", "pymysql"):
+        code = error.args[0] if error.args and isinstance(error.args[0], int) else None
+        if code in MYSQL_CONFLICT_CODES:
+            return Transient.CONFLICT
+        if code in MYSQL_DISCONNECT_CODES or type(error).__name__ == "InterfaceError":
+            return Transient.DISCONNECT
+        return None
+    if module in ("psycopg", "psycopg2"):
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if state in POSTGRES_CONFLICT_STATES:
+            return Transient.CONFLICT
+        if state in POSTGRES_DISCONNECT_STATES or (state or "").startswith("08"):
+            return Transient.DISCONNECT
+        # A broken connection surfaces as OperationalError/InterfaceError with no SQLSTATE.
+        if state is None and type(error).__name__ in ("OperationalError", "InterfaceError"):
+            return Transient.DISCONNECT
+        return None
+    if isinstance(exc, InterfaceError):
+        return Transient.DISCONNECT
+    return None

@@ -1,0 +1,103 @@
+"""Settings of the demo/dev project. One codebase, every backend: see DATABASE_URL and REDIS_URL."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "agentmemory-demo-not-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "agentmemory",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+WSGI_APPLICATION = "project.wsgi.application"
+
+# tidb://user:password@host:4000/name selects django-tidb (dj-database-url does not know it).
+dj_database_url.register("tidb", "django_tidb")(lambda parsed: None)
+
+SQLITE_PATH = BASE_DIR / "agentmemory.sqlite3"
+
+
+def database_from_url(url: str) -> dict:
+    database = dj_database_url.parse(url, conn_health_checks=True)
+    engine = database["ENGINE"]
+    options = database.setdefault("OPTIONS", {})
+    if engine.endswith("sqlite3"):
+        # Writers queue on BEGIN IMMEDIATE (waiting up to `timeout` s) instead of failing on a
+        # lock upgrade; WAL lets readers run beside the writer.
+        options.update(
+            transaction_mode="IMMEDIATE", timeout=20, init_command="PRAGMA journal_mode=WAL;"
+        )
+        # Tests run on a file too: threads of the concurrency tests each need their connection.
+        name = Path(database["NAME"])
+        database["TEST"] = {"NAME": str(name.with_name(f"test_{name.name}"))}
+    elif engine.endswith("mysql") or engine == "django_tidb":
+        options.update(charset="utf8mb4", isolation_level="read committed")
+        database["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    return database
+
+
+DATABASES = {
+    "default": database_from_url(os.environ.get("DATABASE_URL") or f"sqlite:///{SQLITE_PATH}")
+}
+
+REDIS_URL = os.environ.get("REDIS_URL")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+AGENTMEMORY = {
+    "DATABASE": "default",
+    "CACHE": None,
+}
+
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"agentmemory": {"handlers": ["console"], "level": "WARNING"}},
+}
