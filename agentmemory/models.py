@@ -68,7 +68,7 @@ class MemoryVersion(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     # The caller's idempotency key, or one the store generated for this call: a retry after an
     # indeterminate commit finds it and returns the version the first attempt wrote.
-    request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4, null=True, blank=True)
+    request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
 
     class Meta:
         ordering = ["memory", "version"]

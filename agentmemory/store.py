@@ -40,7 +40,7 @@ class _Change:
     default: Any = None
     ttl: timedelta | None = None
     expected_version: int | None = None
-    request_id: str | None = None
+    request_id: str = ""
     # An idempotency key given by the caller is checked on every attempt; a generated one only
     # on retries (the first attempt cannot have committed before).
     caller_request_id: bool = False
@@ -321,13 +321,13 @@ class MemoryStore:
                 )
             self._check_cas(session_id, key, change, actual=0)
             return None
-        if change.request_id and (retry or change.caller_request_id):
+        if retry or change.caller_request_id:
             done = self._find_request(row, change.request_id)
             if done is not None:
                 return done
         if row.state == MemoryState.LIVE and row.expires_at is not None and row.expires_at <= now:
             # Expiry is a version too: record it before anything else happens to the key.
-            self._append(row, Op.EXPIRE, None, now, None, None)
+            self._append(row, Op.EXPIRE, None, now, None, uuid.uuid4().hex)
             if change.op == Op.EXPIRE:
                 return True
         if change.op == Op.EXPIRE:  # rewritten with a new TTL since purge_expired looked
@@ -373,7 +373,7 @@ class MemoryStore:
         value: Any,
         now: datetime,
         expires_at: datetime | None,
-        request_id: str | None,
+        request_id: str,
     ) -> None:
         """Append version ``row.version + 1`` and make the live row match it."""
         row.version += 1

@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
                 ('value', models.JSONField(null=True)),
                 ('created_at', models.DateTimeField()),
                 ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('request_id', models.CharField(blank=True, max_length=68, null=True)),
+                ('request_id', models.CharField(max_length=68)),
                 ('memory', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='agentmemory.memory')),
             ],
             options={
