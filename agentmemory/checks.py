@@ -80,7 +80,10 @@ def check_database_options(app_configs: Any = None, **kwargs: Any) -> list[Warni
     alias = get_config()["DATABASE"]
     if alias not in settings.DATABASES:
         return []
-    database = settings.DATABASES[alias]
+    return database_warnings(alias, settings.DATABASES[alias])
+
+
+def database_warnings(alias: str, database: dict[str, Any]) -> list[Warning]:
     engine = database.get("ENGINE", "")
     options = database.get("OPTIONS", {})
     if (

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ class _Change:
     default: Any = None
     ttl: timedelta | None = None
     expected_version: int | None = None
-    request_id: str = ""
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # An idempotency key given by the caller is checked on every attempt; a generated one only
     # on retries (the first attempt cannot have committed before).
     caller_request_id: bool = False
@@ -244,7 +244,8 @@ class MemoryStore:
         for key, value, version, created, updated, expires in rows.values_list(
             "key", "value", "version", "created_at", "updated_at", "expires_at"
         ):
-            if expires is None or expires > now:
+            # SQLite's LIKE ignores ASCII case: the exact prefix test is made here.
+            if (expires is None or expires > now) and (prefix is None or key.startswith(prefix)):
                 found[key] = MemoryRecord(
                     session_id, key, value, version, created, updated, expires
                 )

@@ -102,6 +102,9 @@ def encode_value(value: Any, max_bytes: int) -> str:
     keys) of at most ``max_bytes`` UTF-8 bytes."""
     try:
         _check_json(value, "$")
+    except RecursionError:
+        raise InvalidMemory("value", "is nested too deeply to be JSON") from None
+    try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         size = len(text.encode("utf-8"))
     except (UnicodeEncodeError, ValueError, RecursionError) as exc:

@@ -1,0 +1,14 @@
+"""Start-up of a spawned worker process. Imports nothing that needs the app registry, because it
+runs before the task (which does) is unpickled."""
+
+from __future__ import annotations
+
+
+def setup_process(database: str, name: str) -> None:
+    import django
+
+    django.setup()
+    from django.db import connections
+
+    # The parent may run on a database other than the settings' (a test database).
+    connections[database].settings_dict["NAME"] = name

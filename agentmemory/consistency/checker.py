@@ -1,0 +1,344 @@
+"""Checks a recorded history against what the database holds, key by key.
+
+Versions give the order of writes, so no search over interleavings is needed: each key is checked
+in one pass over its history, near-linear in the number of operations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db.models import Count
+
+from ..models import Memory, MemoryVersion
+from .history import History, Operation, token_of
+
+#: Every check, in report order, with what it proves.
+CHECKS = {
+    "lost-update": "every acknowledged write is exactly one version holding its value",
+    "version-gap": "versions are 1, 2, 3, ... with no gap and no duplicate",
+    "live-row": "the live row's version equals the newest history version",
+    "duplicate-row": "one row per (session_id, key)",
+    "phantom-write": "every stored version was written by an acknowledged or indeterminate call",
+    "cas-violation": "a compare-and-set write landed right after the version it expected",
+    "list-order": "every list read is a prefix of the final list, holding each acknowledged append once",
+    "garbage-read": "every read returns a value some write stored as that version",
+    "stale-read": "no read returns older than a version acknowledged before the read began",
+    "cross-session-read": "no read returns another session's or key's value",
+    "expired-read": "no read returns a memory whose TTL had passed when the read began",
+    "caller-error": "no error other than VersionConflict/MemoryUnavailable reaches a caller",
+}
+
+
+@dataclass
+class Anomaly:
+    check: str
+    session_id: str
+    key: str
+    message: str
+    operations: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StoredVersion:
+    version: int
+    op: str
+    value: Any
+    created_at: float
+    expires_at: float | None
+
+
+@dataclass
+class StoredKey:
+    rows: int = 0
+    live_version: int = 0
+    live_state: str = ""
+    versions: list[StoredVersion] = field(default_factory=list)
+
+
+def load_state(using: str, session_ids: Iterable[str]) -> dict[tuple[str, str], StoredKey]:
+    """What the database holds for these sessions (read-only)."""
+    sessions = list(session_ids)
+    state: dict[tuple[str, str], StoredKey] = defaultdict(StoredKey)
+    for session_id, key, version, live_state in (
+        Memory.objects.using(using)
+        .filter(session_id__in=sessions)
+        .values_list("session_id", "key", "version", "state")
+    ):
+        stored = state[(session_id, key)]
+        stored.rows += 1
+        stored.live_version, stored.live_state = version, live_state
+    versions = (
+        MemoryVersion.objects.using(using)
+        .filter(memory__session_id__in=sessions)
+        .order_by("memory_id", "version")
+        .values_list(
+            "memory__session_id",
+            "memory__key",
+            "version",
+            "op",
+            "value",
+            "created_at",
+            "expires_at",
+        )
+    )
+    for session_id, key, version, op, value, created, expires in versions:
+        state[(session_id, key)].versions.append(
+            StoredVersion(
+                version, op, value, created.timestamp(), expires.timestamp() if expires else None
+            )
+        )
+    return dict(state)
+
+
+def duplicate_rows(using: str, session_ids: Iterable[str]) -> list[Anomaly]:
+    dupes = (
+        Memory.objects.using(using)
+        .filter(session_id__in=list(session_ids))
+        .values("session_id", "key")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+    )
+    return [
+        Anomaly(
+            "duplicate-row", d["session_id"], d["key"], f"{d['n']} rows for one (session_id, key)"
+        )
+        for d in dupes
+    ]
+
+
+def audit_key(session_id: str, key: str, stored: StoredKey) -> list[Anomaly]:
+    """The invariants that hold for any stored data, whatever wrote it."""
+    anomalies = []
+    numbers = [v.version for v in stored.versions]
+    if numbers != list(range(1, len(numbers) + 1)):
+        anomalies.append(
+            Anomaly("version-gap", session_id, key, f"history versions are {_span(numbers)}")
+        )
+    newest = numbers[-1] if numbers else 0
+    if stored.rows and stored.live_version != newest:
+        anomalies.append(
+            Anomaly(
+                "live-row",
+                session_id,
+                key,
+                f"live row is v{stored.live_version}, newest history version is v{newest}",
+            )
+        )
+    return anomalies
+
+
+def _span(numbers: list[int]) -> str:
+    if len(numbers) <= 12:
+        return str(numbers)
+    return f"{numbers[:6]} ... {numbers[-6:]} ({len(numbers)} versions)"
+
+
+def _brief(op: Operation) -> dict[str, Any]:
+    return {
+        "id": op.id,
+        "client": op.client,
+        "kind": op.kind,
+        "status": op.status,
+        "invoked_at": op.invoked_at,
+        "completed_at": op.completed_at,
+        "expected_version": op.expected_version,
+        "version": op.version,
+        "value": token_of(op.value) if op.is_write else token_of(op.result),
+        "error": op.error,
+    }
+
+
+def check_history(history: History, state: dict[tuple[str, str], StoredKey]) -> list[Anomaly]:
+    anomalies: list[Anomaly] = []
+    keyed = history.by_key()
+    for (session_id, key), stored in sorted(state.items()):
+        anomalies += audit_key(session_id, key, stored)
+        anomalies += _check_key(session_id, key, keyed.get((session_id, key), []), stored)
+    for (session_id, key), ops in keyed.items():
+        if (session_id, key) not in state:
+            anomalies += _check_key(session_id, key, ops, StoredKey())
+    return anomalies
+
+
+def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKey) -> list[Anomaly]:
+    found: list[Anomaly] = []
+
+    def report(check: str, message: str, *involved: Operation) -> None:
+        found.append(Anomaly(check, session_id, key, message, [_brief(op) for op in involved]))
+
+    by_version = {v.version: v for v in stored.versions}
+    writers: dict[str, Operation] = {}
+    for op in ops:
+        if op.is_write and op.token:
+            writers[op.token] = op
+        if op.status == "info" and not (op.error or "").startswith("MemoryUnavailable"):
+            report("caller-error", f"{op.kind} raised {op.error}", op)
+
+    # Writes: each acknowledged one is exactly one version, holding its value.
+    acked_at: dict[int, list[Operation]] = defaultdict(list)
+    for op in ops:
+        if not (op.is_write and op.status == "ok"):
+            continue
+        acked_at[op.version].append(op)
+        stored_version = by_version.get(op.version)
+        if stored_version is None or token_of(stored_version.value) != op.token:
+            holder = token_of(stored_version.value) if stored_version else None
+            report(
+                "lost-update",
+                f"acknowledged v{op.version} of {op.token} is not in the history (v{op.version} holds {holder})",
+                op,
+            )
+        if op.kind == "cas":
+            _check_cas(op, by_version, report)
+    for version, acked in sorted(acked_at.items()):
+        if len(acked) > 1:
+            report("lost-update", f"{len(acked)} acknowledged writes all claim v{version}", *acked)
+
+    # Stored versions: each written by a call that did not fail outright.
+    seen_tokens: dict[str, int] = {}
+    for stored_version in stored.versions:
+        if stored_version.op not in ("write", "revert"):
+            continue
+        token = token_of(stored_version.value)
+        writer = writers.get(token or "")
+        if writer is None or writer.status == "fail":
+            report(
+                "phantom-write",
+                f"v{stored_version.version} holds {token}, which no successful call wrote",
+                *([writer] if writer else []),
+            )
+        if token in seen_tokens:
+            report(
+                "phantom-write",
+                f"{token} was stored twice: v{seen_tokens[token]} and v{stored_version.version}",
+                *([writer] if writer else []),
+            )
+        seen_tokens[token or ""] = stored_version.version
+
+    _check_lists(key, ops, stored, report)
+    _check_reads(session_id, key, ops, by_version, report)
+    return found
+
+
+def _check_cas(op: Operation, by_version: dict[int, StoredVersion], report: Any) -> None:
+    expected, version = op.expected_version or 0, op.version or 0
+    before = by_version.get(version - 1)
+    if expected > 0 and version != expected + 1:
+        report("cas-violation", f"CAS expecting v{expected} was acknowledged as v{version}", op)
+    elif expected == 0 and before is not None and before.op in ("write", "revert"):
+        report(
+            "cas-violation",
+            f"CAS expecting no memory landed as v{version} over live v{before.version}",
+            op,
+        )
+
+
+def _check_lists(key: str, ops: list[Operation], stored: StoredKey, report: Any) -> None:
+    if not key.startswith("list-") or not stored.versions:
+        return
+    final = [token_of(item) for item in (stored.versions[-1].value or [])]
+    position = {token: i for i, token in enumerate(final)}
+    for op in ops:
+        if op.kind == "append" and op.status == "ok":
+            count = final.count(op.token)
+            if count != 1:
+                report(
+                    "lost-update",
+                    f"acknowledged append {op.token} appears {count} times in the final list of {len(final)}",
+                    op,
+                )
+        if op.kind == "recall" and op.status == "ok" and isinstance(op.result, list):
+            read = [token_of(item) for item in op.result]
+            if read != final[: len(read)]:
+                first = next((i for i, t in enumerate(read) if position.get(t) != i), len(read))
+                report(
+                    "list-order",
+                    f"read of {len(read)} items is not a prefix of the final list (differs at {first})",
+                    op,
+                )
+
+
+def _check_reads(
+    session_id: str,
+    key: str,
+    ops: list[Operation],
+    by_version: dict[int, StoredVersion],
+    report: Any,
+) -> None:
+    # Versions acknowledged so far, in completion order, to find the newest one a read must see.
+    acks = sorted(
+        (op.completed_at or 0.0, op.version or 0, op)
+        for op in ops
+        if op.status == "ok" and op.is_write and op.version
+    )
+    for op in ops:
+        if op.kind != "recall" or op.status != "ok":
+            continue
+        floor = max((version for done, version, _ in acks if done < op.invoked_at), default=0)
+        if op.result is None and op.version is None:
+            if floor and not _absent_during(by_version, floor, op):
+                report(
+                    "stale-read",
+                    f"read returned nothing though v{floor} was acknowledged before it began and stayed live",
+                    op,
+                )
+            continue
+        value = op.result
+        if isinstance(value, dict) and (value.get("s"), value.get("k")) != (session_id, key):
+            report(
+                "cross-session-read",
+                f"read of ({session_id!r}, {key!r}) returned a value of ({value.get('s')!r}, {value.get('k')!r})",
+                op,
+            )
+        stored_version = by_version.get(op.version or 0)
+        if stored_version is None or stored_version.value != value:
+            report(
+                "garbage-read",
+                f"read returned v{op.version} = {token_of(value)}, which the history does not hold",
+                op,
+            )
+        if (op.version or 0) < floor:
+            report(
+                "stale-read",
+                f"read returned v{op.version} though v{floor} was acknowledged before it began",
+                op,
+            )
+        if op.expires_at is not None and op.expires_at <= op.invoked_at:
+            report(
+                "expired-read",
+                f"read returned v{op.version}, expired {op.invoked_at - op.expires_at:.3f}s before the read began",
+                op,
+            )
+
+
+def _absent_during(by_version: dict[int, StoredVersion], floor: int, read: Operation) -> bool:
+    """Whether the memory was missing at some instant of the read: forgotten, expired, or its
+    last write's TTL passed before the read completed."""
+    end = read.completed_at or read.invoked_at
+    for version in sorted(v for v in by_version if v >= floor):
+        stored = by_version[version]
+        if stored.created_at > end:
+            break
+        if stored.op in ("forget", "expire"):
+            return True
+        if stored.expires_at is not None and stored.expires_at <= end:
+            return True
+    return False
+
+
+__all__ = [
+    "CHECKS",
+    "Anomaly",
+    "StoredKey",
+    "audit_key",
+    "check_history",
+    "duplicate_rows",
+    "load_state",
+]

@@ -1,0 +1,74 @@
+"""A recorded history: every operation of a run, as invoked and as completed.
+
+Times are the store's clock (``agentmemory.clock``) as POSIX seconds, so they compare with the
+``created_at``/``expires_at`` the store wrote, across threads and processes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "fail", "info"]  # info: indeterminate, the write may or may not have applied
+
+WRITE_KINDS = frozenset({"remember", "cas", "append", "ttl-write", "retry"})
+READ_KINDS = frozenset({"recall"})
+
+
+@dataclass
+class Operation:
+    id: str
+    client: str
+    kind: str  # remember | cas | append | ttl-write | retry | recall | forget
+    session_id: str
+    key: str
+    invoked_at: float
+    value: Any = None  # the value written (writes embed the op id, so each is unique)
+    expected_version: int | None = None
+    idempotency_key: str | None = None
+    completed_at: float | None = None
+    status: Status | None = None
+    version: int | None = None  # the version written or read
+    result: Any = None  # the value read
+    expires_at: float | None = None  # of the record written or read
+    error: str | None = None
+
+    @property
+    def is_write(self) -> bool:
+        return self.kind in WRITE_KINDS
+
+    @property
+    def token(self) -> str | None:
+        """The unique token of the value this op wrote (for an append, the element appended)."""
+        return token_of(self.value)
+
+
+def token_of(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("op")
+    if isinstance(value, list) and value:
+        return token_of(value[-1]) if isinstance(value[-1], dict) else str(value[-1])
+    if isinstance(value, str):
+        return value
+    return None
+
+
+@dataclass
+class History:
+    run_id: str
+    operations: list[Operation] = field(default_factory=list)
+
+    def extend(self, operations: list[Operation]) -> None:
+        self.operations.extend(operations)
+
+    def by_key(self) -> dict[tuple[str, str], list[Operation]]:
+        keyed: dict[tuple[str, str], list[Operation]] = {}
+        for op in sorted(self.operations, key=lambda o: o.invoked_at):
+            keyed.setdefault((op.session_id, op.key), []).append(op)
+        return keyed
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as out:
+            for op in self.operations:
+                out.write(json.dumps(asdict(op), default=str) + "\n")

@@ -1,0 +1,58 @@
+"""memcheck's report: a readable text table, or JSON for machines."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from .checker import CHECKS
+from .runner import RunResult
+
+EXAMPLES_PER_CHECK = 3
+
+
+def render_json(result: RunResult) -> str:
+    return json.dumps(result.as_dict(), indent=2, default=str)
+
+
+def render_text(result: RunResult) -> str:
+    data = result.as_dict()
+    mode = "UNSAFE (unlocked read-then-write)" if result.unsafe else "locked write path"
+    lines = [
+        f"memcheck run {result.run_id} on {result.vendor} (database {result.database!r}), {mode}",
+        f"  {data['operations']} operations by {result.config.workers} workers in {data['seconds']}s "
+        f"({data['ops_per_second']} ops/s); retries absorbed by the store: {result.retries or 'none'}",
+        "",
+        f"  {'operation':<10} {'ok':>7} {'fail':>7} {'info':>7}",
+    ]
+    for kind, counts in sorted(result.counts.items()):
+        lines.append(f"  {kind:<10} {counts['ok']:>7} {counts['fail']:>7} {counts['info']:>7}")
+    found = Counter(a.check for a in result.anomalies)
+    lines += ["", f"  {'check':<19} {'result':<8} what it proves"]
+    for check, meaning in CHECKS.items():
+        verdict = f"FAIL {found[check]}" if found[check] else "pass"
+        lines.append(f"  {check:<19} {verdict:<8} {meaning}")
+    if result.anomalies:
+        lines += [
+            "",
+            f"{len(result.anomalies)} anomalies. Counterexamples (first {EXAMPLES_PER_CHECK} per check):",
+        ]
+        shown: Counter[str] = Counter()
+        for anomaly in result.anomalies:
+            shown[anomaly.check] += 1
+            if shown[anomaly.check] > EXAMPLES_PER_CHECK:
+                continue
+            lines.append(
+                f"- [{anomaly.check}] ({anomaly.session_id!r}, {anomaly.key!r}): {anomaly.message}"
+            )
+            for op in anomaly.operations[:4]:
+                lines.append(
+                    f"    op {op['id']} {op['kind']} {op['status']} expected={op['expected_version']} "
+                    f"version={op['version']} value={op['value']} "
+                    f"t=[{op['invoked_at']:.4f}, {op['completed_at'] or 0:.4f}]"
+                    + (f" error={op['error']}" if op["error"] else "")
+                )
+        lines.append("\nRESULT: anomalies found")
+    else:
+        lines.append("\nRESULT: no anomaly")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""``manage.py memcheck``: prove the store keeps its promises on this database, or show where not."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
+
+from ...conf import get_config
+from ...consistency.audit import audit
+from ...consistency.report import render_json, render_text
+from ...consistency.runner import Progress, run_memcheck
+from ...consistency.workloads import WorkloadConfig
+from ...errors import MemoryUnavailable
+from ...models import Memory
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a concurrent workload against the configured database in throw-away sessions, record "
+        "every operation and check for lost updates, gaps, duplicates, cross-session, stale and "
+        "expired reads. Exit 0: no anomaly; 1: anomalies found; 2: could not run."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
+        )
+        parser.add_argument(
+            "--workers", type=positive, default=8, help="client threads (per process)"
+        )
+        parser.add_argument(
+            "--processes", type=int, default=0, help="run the workers in N processes"
+        )
+        parser.add_argument(
+            "--keys", type=positive, default=3, help="hot keys per family and session"
+        )
+        budget = parser.add_mutually_exclusive_group()
+        budget.add_argument(
+            "--ops", type=positive, default=None, help="total operations (default 2000)"
+        )
+        budget.add_argument("--seconds", type=float, default=None, help="run for S seconds instead")
+        parser.add_argument("--faults", choices=["none", "db", "cache", "all"], default="none")
+        parser.add_argument(
+            "--unsafe",
+            action="store_true",
+            help="use an unlocked read-then-write path (must find anomalies)",
+        )
+        parser.add_argument(
+            "--audit", action="store_true", help="only check the data already stored, read-only"
+        )
+        parser.add_argument("--format", choices=["text", "json"], default="text")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--history", metavar="FILE", help="save the recorded history as JSON lines"
+        )
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the run's sessions for inspection"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        database = options["database"] or get_config()["DATABASE"]
+        if database not in connections.settings:
+            raise CommandError(f"unknown database alias {database!r}", returncode=2)
+        if options["faults"] != "none":
+            raise CommandError(
+                "--faults db|cache|all is not available yet; run with --faults none", returncode=2
+            )
+        try:
+            Memory.objects.using(database).exists()
+        except DatabaseError as exc:
+            raise CommandError(
+                f"cannot use database {database!r}: {exc}. Is the server running, and did you run "
+                f"`manage.py migrate --database {database}`?",
+                returncode=2,
+            ) from exc
+        if options["audit"]:
+            return self._audit(database, options["format"])
+        config = WorkloadConfig(
+            workers=options["workers"],
+            keys=options["keys"],
+            seed=options["seed"],
+            ops=options["ops"] if options["ops"] or options["seconds"] else 2000,
+            seconds=options["seconds"],
+        )
+        try:
+            with Progress(config.ops, config.seconds, stream=self.stderr._out) as progress:
+                result = run_memcheck(
+                    database,
+                    config,
+                    processes=options["processes"],
+                    unsafe=options["unsafe"],
+                    keep=options["keep"],
+                    progress=progress,
+                )
+        except (DatabaseError, MemoryUnavailable) as exc:
+            raise CommandError(
+                f"memcheck could not run on {database!r}: {exc}", returncode=2
+            ) from exc
+        if options["history"]:
+            result.history.save(options["history"])
+        self.stdout.write(
+            render_json(result) if options["format"] == "json" else render_text(result)
+        )
+        if result.anomalies:
+            raise SystemExit(1)
+
+    def _audit(self, database: str, fmt: str) -> None:
+        audited, anomalies = audit(database)
+        if fmt == "json":
+            self.stdout.write(
+                json.dumps(
+                    {"memories": audited, "anomalies": [a.as_dict() for a in anomalies]},
+                    indent=2,
+                    default=str,
+                )
+            )
+        else:
+            self.stdout.write(
+                f"memcheck --audit on {database!r}: {audited} memories, {len(anomalies)} anomalies"
+            )
+            for anomaly in anomalies[:50]:
+                self.stdout.write(
+                    f"- [{anomaly.check}] ({anomaly.session_id!r}, {anomaly.key!r}): {anomaly.message}"
+                )
+        if anomalies:
+            raise SystemExit(1)

@@ -1,0 +1,67 @@
+"""Helpers for the suites: processes with their own connections, and injected server errors."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connection
+
+
+def _setup_child(database_name: str) -> None:
+    import django
+
+    django.setup()
+    from django.db import connections
+
+    # The parent runs on the test database; point this process at the same one.
+    connections["default"].settings_dict["NAME"] = database_name
+
+
+def _call(fn: Callable[..., Any], args: tuple) -> Any:
+    from django.db import connections
+
+    try:
+        return fn(*args)
+    finally:
+        connections.close_all()
+
+
+def run_processes(fn: Callable[..., Any], args_list: list[tuple]) -> list[Any]:
+    """Run fn(*args) in one fresh process per args (spawned: nothing shared with this one)."""
+    name = connection.settings_dict["NAME"]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        len(args_list), mp_context=context, initializer=_setup_child, initargs=(name,)
+    ) as pool:
+        return list(pool.map(_call, [fn] * len(args_list), args_list))
+
+
+@contextmanager
+def inject_errors(
+    make_error: Callable[[], BaseException], *, when: Callable[[int, str], bool]
+) -> Iterator[list[str]]:
+    """Raise the driver's own exception (converted the way Django converts it) before every
+    statement on this thread's connection for which ``when(statement_number, sql)`` is true.
+    Yields the list of statements that got an error."""
+    hit: list[str] = []
+    count = 0
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal count
+        count += 1
+        if when(count, sql):
+            hit.append(sql)
+            with connection.wrap_database_errors:
+                raise make_error()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield hit
+
+
+def is_write_statement(sql: str) -> bool:
+    return sql.lstrip().upper().startswith(("INSERT", "UPDATE"))

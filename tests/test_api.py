@@ -1,0 +1,85 @@
+"""The rest of the public API: recall_many, remember_many, forget, async twins, records."""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from agentmemory import MemoryRecord, MemoryStore
+
+pytestmark = pytest.mark.django_db
+
+
+def test_recall_of_missing_key_is_none(store):
+    assert store.recall("s", "missing") is None
+
+
+def test_record_is_immutable(store):
+    record = store.remember("s", "k", 1)
+    assert isinstance(record, MemoryRecord)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.version = 5
+
+
+def test_created_at_is_kept_on_update_and_updated_at_moves(store):
+    first = store.remember("s", "k", 1)
+    second = store.remember("s", "k", 2)
+    assert second.created_at == first.created_at
+    assert second.updated_at >= first.updated_at
+
+
+def test_recall_many_by_keys_skips_missing(store):
+    store.remember_many("s", {"a": 1, "b": 2, "c": 3})
+    found = store.recall_many("s", ["a", "c", "zz"])
+    assert {k: r.value for k, r in found.items()} == {"a": 1, "c": 3}
+
+
+def test_recall_many_skips_forgotten(store):
+    store.remember_many("s", {"a": 1, "b": 2})
+    store.forget("s", "a")
+    assert set(store.recall_many("s")) == {"b"}
+
+
+def test_remember_many_returns_every_record(store):
+    records = store.remember_many("s", {"b": 2, "a": 1})
+    assert {k: (r.version, r.value) for k, r in records.items()} == {"a": (1, 1), "b": (1, 2)}
+    assert store.remember_many("s", {}) == {}
+
+
+def test_forget_missing_key_returns_false_and_writes_nothing(store):
+    assert store.forget("s", "nothing") is False
+    assert store.history("s", "nothing") == []
+
+
+def test_forget_twice_writes_one_forget(store):
+    store.remember("s", "k", 1)
+    assert store.forget("s", "k") is True
+    assert store.forget("s", "k") is False
+    assert [h.op for h in store.history("s", "k")] == ["write", "forget"]
+
+
+def test_update_uses_default_when_missing(store):
+    assert store.update("s", "n", lambda n: n + 1, default=0).value == 1
+    assert store.update("s", "n", lambda n: n + 1, default=0).value == 2
+
+
+def test_store_uses_the_configured_alias(settings):
+    settings.AGENTMEMORY = {"DATABASE": "default"}
+    assert MemoryStore().using == "default"
+    assert MemoryStore(using="other").using == "other"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_twins(store):
+    async def scenario():
+        await store.aremember("s", "k", [1])
+        await store.aupdate("s", "k", lambda v: [*v, 2])
+        record = await store.arecall("s", "k")
+        many = await store.arecall_many("s")
+        history = await store.ahistory("s", "k")
+        forgotten = await store.aforget("s", "k")
+        return record, many, history, forgotten
+
+    record, many, history, forgotten = asyncio.run(scenario())
+    assert record.value == [1, 2] and set(many) == {"k"}
+    assert [h.version for h in history] == [1, 2] and forgotten is True

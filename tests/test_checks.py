@@ -1,0 +1,80 @@
+"""System checks: agentmemory.E001-E005, W001-W002, E010-E011."""
+
+from django.core.checks import Error
+
+from agentmemory.checks import check_settings, database_warnings, tidb_errors
+
+
+def ids(messages):
+    return [m.id for m in messages]
+
+
+def test_unknown_setting_is_an_error(settings):
+    settings.AGENTMEMORY = {"CACHE_ALIAS": "x"}
+    messages = check_settings()
+    assert ids(messages) == ["agentmemory.E001"]
+    assert "CACHE_ALIAS" in messages[0].msg
+
+
+def test_unknown_retry_setting_is_an_error(settings):
+    settings.AGENTMEMORY = {"RETRY": {"TRIES": 3}}
+    assert ids(check_settings()) == ["agentmemory.E001"]
+
+
+def test_unknown_database_and_cache_aliases_are_errors(settings):
+    settings.AGENTMEMORY = {"DATABASE": "nope", "CACHE": "nope"}
+    assert ids(check_settings()) == ["agentmemory.E002", "agentmemory.E003"]
+
+
+def test_bad_default_ttl_and_size_are_errors(settings):
+    settings.AGENTMEMORY = {"DEFAULT_TTL": -5, "MAX_VALUE_BYTES": 0}
+    assert ids(check_settings()) == ["agentmemory.E004", "agentmemory.E005"]
+
+
+def test_valid_settings_pass(settings):
+    settings.AGENTMEMORY = {"DEFAULT_TTL": 60, "RETRY": {"ATTEMPTS": 3}}
+    assert check_settings() == []
+
+
+def test_sqlite_without_immediate_transactions_warns_with_the_fix():
+    messages = database_warnings(
+        "default", {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.db"}
+    )
+    assert ids(messages) == ["agentmemory.W001"]
+    assert "IMMEDIATE" in messages[0].hint
+
+
+def test_sqlite_with_immediate_transactions_passes():
+    database = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": "x.db",
+        "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+    }
+    assert database_warnings("default", database) == []
+
+
+def test_mysql_without_read_committed_warns():
+    assert ids(
+        database_warnings("default", {"ENGINE": "django.db.backends.mysql", "NAME": "x"})
+    ) == ["agentmemory.W002"]
+
+
+def test_the_project_settings_pass_every_check():
+    from django.core.management import call_command
+
+    call_command("check", "--fail-level", "WARNING")
+
+
+def test_tidb_optimistic_mode_is_an_error_with_the_fix():
+    errors = tidb_errors("default", (7, 5, 0), "optimistic")
+    assert ids(errors) == ["agentmemory.E011"]
+    assert isinstance(errors[0], Error) and "pessimistic" in errors[0].hint
+
+
+def test_old_tidb_is_an_error():
+    assert ids(tidb_errors("default", (6, 1, 0), "pessimistic")) == ["agentmemory.E010"]
+
+
+def test_recent_pessimistic_tidb_passes():
+    assert tidb_errors("default", (8, 5, 1), "") == []
+    assert tidb_errors("default", (6, 5, 0), "pessimistic") == []

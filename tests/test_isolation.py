@@ -1,0 +1,76 @@
+"""Semantic 5: nothing done with session A reads, counts, changes or deletes anything of session B."""
+
+import pytest
+
+from agentmemory import clock
+
+pytestmark = pytest.mark.django_db
+
+LOOK_ALIKES = [
+    "a",
+    "a%",
+    "a_",
+    "A",
+    "a ",
+    " a",
+    "a'",
+    'a"',
+    "a\\",
+    "á",
+    "a%_",
+    "%",
+    "_",
+    "\uff41",
+]  # the last: FULLWIDTH a
+
+
+@pytest.fixture
+def populated(store):
+    for session_id in LOOK_ALIKES:
+        store.remember_many(
+            session_id, {"k": session_id, "k%": session_id, "K": session_id, "k_x": session_id}
+        )
+    return store
+
+
+def test_each_look_alike_session_reads_only_its_own(populated):
+    for session_id in LOOK_ALIKES:
+        found = populated.recall_many(session_id)
+        assert {r.value for r in found.values()} == {session_id}, session_id
+        assert set(found) == {"k", "k%", "K", "k_x"}
+
+
+def test_prefix_search_treats_wildcards_literally(populated):
+    assert set(populated.recall_many("a", prefix="k%")) == {"k%"}
+    assert set(populated.recall_many("a", prefix="k_")) == {"k_x"}
+    assert set(populated.recall_many("a", prefix="k")) == {"k", "k%", "k_x"}
+    assert set(populated.recall_many("a", prefix="")) == {"k", "k%", "K", "k_x"}
+
+
+def test_forget_session_touches_only_its_own(populated):
+    assert populated.forget_session("a") == 4
+    assert populated.recall_many("a") == {}
+    for session_id in LOOK_ALIKES[1:]:
+        assert len(populated.recall_many(session_id)) == 4, session_id
+
+
+def test_erase_session_touches_only_its_own(populated):
+    assert populated.erase_session("a_") == 4
+    assert populated.history("a_", "k") == []
+    for session_id in set(LOOK_ALIKES) - {"a_"}:
+        assert len(populated.history(session_id, "k")) == 1, session_id
+
+
+def test_versions_are_counted_per_session(populated):
+    populated.remember("a", "k", "again")
+    assert populated.recall("a", "k").version == 2
+    assert populated.recall("a%", "k").version == 1
+    assert populated.recall("A", "k").version == 1
+
+
+def test_purge_expired_in_one_session_leaves_others(store):
+    store.remember("a", "k", 1, ttl=1)
+    store.remember("a_", "k", 2)
+    clock.advance(2)
+    assert store.purge_expired() == 1
+    assert store.recall("a_", "k").value == 2

@@ -1,0 +1,141 @@
+"""Semantic 8: transient errors are retried inside the store; callers see success or
+MemoryUnavailable, never a half-write. Errors are the driver's own, injected on this backend."""
+
+import sqlite3
+
+import pytest
+from django.db import DatabaseError, connection
+
+from agentmemory import MemoryStore, MemoryUnavailable
+from agentmemory.vendors import Transient, classify
+
+from .helpers import inject_errors, is_write_statement
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def conflict_error():
+    """The error this backend raises for a deadlock / busy database."""
+    if connection.vendor == "sqlite":
+        return sqlite3.OperationalError("database is locked")
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        return MySQLdb.OperationalError(
+            1213, "Deadlock found when trying to get lock; try restarting transaction"
+        )
+    import psycopg
+
+    return psycopg.errors.DeadlockDetected("deadlock detected")
+
+
+def fatal_error():
+    if connection.vendor == "sqlite":
+        return sqlite3.OperationalError("disk I/O error")
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        return MySQLdb.OperationalError(1146, "Table 'x' doesn't exist")
+    import psycopg
+
+    return psycopg.errors.UndefinedTable('relation "x" does not exist')
+
+
+def test_conflict_on_a_write_statement_is_retried_to_a_gap_free_history(store):
+    store.remember("s", "k", 0)
+    writes = iter(range(1, 1000))
+
+    def on_writes_2_5_and_9(n, sql):
+        return is_write_statement(sql) and next(writes) in (2, 5, 9)
+
+    with inject_errors(conflict_error, when=on_writes_2_5_and_9) as hit:
+        for i in range(1, 6):
+            store.remember("s", "k", i)
+    assert len(hit) == 3
+    assert [h.value for h in store.history("s", "k")] == [0, 1, 2, 3, 4, 5]
+    assert store.retries["conflict"] == 3
+
+
+def test_conflict_on_the_history_insert_leaves_no_half_write(store):
+    """The row update ran, the history insert failed: the whole transaction is rolled back and
+    run again, so the live row never runs ahead of its history."""
+    store.remember("s", "k", "a")
+    failed = []
+
+    def on_history_insert(n, sql):
+        if (
+            "agentmemory_memoryversion" in sql
+            and sql.lstrip().upper().startswith("INSERT")
+            and not failed
+        ):
+            failed.append(n)
+            return True
+        return False
+
+    with inject_errors(conflict_error, when=on_history_insert):
+        record = store.remember("s", "k", "b")
+    assert record.version == 2
+    assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "a"), (2, "b")]
+
+
+def test_persistent_conflict_raises_memory_unavailable_and_writes_nothing(settings):
+    settings.AGENTMEMORY = {"RETRY": {"ATTEMPTS": 3, "BASE_DELAY": 0.001}}
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", "a")
+    with (
+        inject_errors(conflict_error, when=lambda n, sql: is_write_statement(sql)),
+        pytest.raises(MemoryUnavailable) as info,
+    ):
+        store.remember("s", "k", "b")
+    assert info.value.attempts == 3
+    assert isinstance(info.value.cause, DatabaseError)
+    assert [h.value for h in store.history("s", "k")] == ["a"]
+
+
+def test_non_retryable_error_surfaces_as_itself_and_writes_nothing(store):
+    store.remember("s", "k", "a")
+    with (
+        inject_errors(fatal_error, when=lambda n, sql: is_write_statement(sql)),
+        pytest.raises(DatabaseError) as info,
+    ):
+        store.remember("s", "k", "b")
+    assert not isinstance(info.value, MemoryUnavailable)
+    assert classify(info.value) is None
+    assert store.retries == {}
+    assert [h.value for h in store.history("s", "k")] == ["a"]
+
+
+def test_inside_a_callers_transaction_errors_propagate_for_the_caller_to_retry(store):
+    from django.db import transaction
+
+    with (
+        pytest.raises(DatabaseError),
+        transaction.atomic(),
+        inject_errors(conflict_error, when=lambda n, sql: is_write_statement(sql)),
+    ):
+        store.remember("s", "k", "a")
+    assert store.history("s", "k") == []
+
+
+def test_writes_inside_a_callers_transaction_roll_back_with_it(store):
+    from django.db import transaction
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        store.remember("s", "k", "a")
+        raise Abort
+    assert store.history("s", "k") == []
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (sqlite3.OperationalError("database is locked"), Transient.CONFLICT),
+        (sqlite3.OperationalError("database table is locked"), Transient.CONFLICT),
+        (sqlite3.OperationalError("no such table: x"), None),
+    ],
+)
+def test_sqlite_errors_are_classified(error, kind):
+    assert classify(error) is kind

@@ -1,0 +1,157 @@
+"""Semantic 9: bad input gets a clear error that names what was wrong, and changes nothing."""
+
+import math
+
+import pytest
+
+from agentmemory import InvalidMemory
+from agentmemory.models import Memory, MemoryVersion
+
+pytestmark = pytest.mark.django_db
+
+BAD_IDS = [
+    ("", "1 to"),
+    ("x" * 129, "1 to 128"),
+    ("a\x00b", "control"),
+    ("a\nb", "control"),
+    ("tab\there", "control"),
+    ("\ud800", "control"),
+    (42, "must be a str"),
+    (None, "must be a str"),
+]
+
+BAD_VALUES = [
+    (math.nan, "NaN"),
+    (math.inf, "NaN or Infinity"),
+    ({"a": [1, -math.inf]}, r"\$\.a\[1\]"),
+    (b"bytes", "bytes"),
+    ({1, 2}, "set"),
+    ({1: "int key"}, "keys are strings"),
+    (object(), "not JSON"),
+    ("nul\x00inside", "NUL"),
+]
+
+
+def nothing_written():
+    return not Memory.objects.exists() and not MemoryVersion.objects.exists()
+
+
+@pytest.mark.parametrize(("session_id", "message"), BAD_IDS)
+def test_bad_session_id_is_rejected(store, session_id, message):
+    with pytest.raises(InvalidMemory, match=message) as info:
+        store.remember(session_id, "k", 1)
+    assert info.value.field == "session_id"
+    assert nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("key", "message"), [(k, m) for k, m in BAD_IDS if k != "x" * 129] + [("k" * 256, "1 to 255")]
+)
+def test_bad_key_is_rejected(store, key, message):
+    with pytest.raises(InvalidMemory, match=message) as info:
+        store.remember("s", key, 1)
+    assert info.value.field == "key"
+    assert nothing_written()
+
+
+def test_longest_allowed_ids_are_accepted(store):
+    record = store.remember("s" * 128, "k" * 255, 1)
+    assert store.recall("s" * 128, "k" * 255).version == record.version
+
+
+@pytest.mark.parametrize(("value", "message"), BAD_VALUES)
+def test_non_json_value_is_rejected(store, value, message):
+    with pytest.raises(InvalidMemory, match=message) as info:
+        store.remember("s", "k", value)
+    assert info.value.field == "value"
+    assert nothing_written()
+
+
+def test_oversize_value_is_rejected_naming_the_limit(store, settings):
+    settings.AGENTMEMORY = {"MAX_VALUE_BYTES": 100}
+    from agentmemory import MemoryStore
+
+    small = MemoryStore(cache=None)
+    small.remember("s", "k", "x" * 90)
+    with pytest.raises(InvalidMemory, match="over the limit of 100"):
+        small.remember("s", "k", "x" * 101)
+    assert len(small.history("s", "k")) == 1
+
+
+def test_value_size_counts_utf8_bytes(store, settings):
+    settings.AGENTMEMORY = {"MAX_VALUE_BYTES": 10}
+    from agentmemory import MemoryStore
+
+    with pytest.raises(InvalidMemory, match="bytes"):
+        MemoryStore(cache=None).remember("s", "k", "ééééé")  # 5 chars, 12 bytes with quotes
+
+
+@pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "10", True])
+def test_bad_ttl_is_rejected(store, ttl):
+    with pytest.raises(InvalidMemory) as info:
+        store.remember("s", "k", 1, ttl=ttl)
+    assert info.value.field == "ttl"
+    assert nothing_written()
+
+
+@pytest.mark.parametrize("expected", [-1, "1", 1.5, True])
+def test_bad_expected_version_is_rejected(store, expected):
+    with pytest.raises(InvalidMemory, match="expected_version"):
+        store.remember("s", "k", 1, expected_version=expected)
+    assert nothing_written()
+
+
+def test_update_result_is_validated_and_nothing_is_written(store):
+    store.remember("s", "k", [1])
+    with pytest.raises(InvalidMemory, match="set"):
+        store.update("s", "k", lambda v: {1, 2})
+    assert store.recall("s", "k").value == [1]
+    assert len(store.history("s", "k")) == 1
+
+
+def test_remember_many_validates_every_item_before_writing(store):
+    with pytest.raises(InvalidMemory, match="NaN"):
+        store.remember_many("s", {"a": 1, "b": math.nan})
+    assert nothing_written()
+
+
+def test_revert_to_missing_version_is_rejected(store):
+    store.remember("s", "k", 1)
+    with pytest.raises(InvalidMemory, match="no version 5"):
+        store.revert("s", "k", 5)
+    with pytest.raises(InvalidMemory, match="version"):
+        store.revert("s", "k", 0)
+    assert len(store.history("s", "k")) == 1
+
+
+def test_revert_to_a_forget_is_rejected(store):
+    store.remember("s", "k", 1)
+    store.forget("s", "k")
+    with pytest.raises(InvalidMemory, match="is a forget"):
+        store.revert("s", "k", 2)
+
+
+def test_recall_many_rejects_keys_and_prefix_together(store):
+    with pytest.raises(InvalidMemory, match="not both"):
+        store.recall_many("s", ["a"], prefix="a")
+    with pytest.raises(InvalidMemory, match="single str"):
+        store.recall_many("s", "abc")
+
+
+def test_values_round_trip_as_json(store):
+    value = {"text": "héllo ✓ 😀", "n": [1, 2.5, None, True], "nested": {"t": (1, 2)}}
+    record = store.remember("s", "k", value)
+    assert record.value == {
+        "text": "héllo ✓ 😀",
+        "n": [1, 2.5, None, True],
+        "nested": {"t": [1, 2]},
+    }
+    assert store.recall("s", "k").value == record.value
+
+
+def test_returned_value_is_a_copy(store):
+    value = {"items": [1]}
+    record = store.remember("s", "k", value)
+    value["items"].append(2)
+    record.value["items"].append(3)
+    assert store.recall("s", "k").value == {"items": [1]}
