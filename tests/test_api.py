@@ -4,6 +4,8 @@ import asyncio
 import dataclasses
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from agentmemory import MemoryRecord, MemoryStore
 
@@ -78,6 +80,7 @@ def test_async_twins(store):
         many = await store.arecall_many("s")
         history = await store.ahistory("s", "k")
         forgotten = await store.aforget("s", "k")
+        await sync_to_async(connections.close_all)()  # the connection of sync_to_async's thread
         return record, many, history, forgotten
 
     record, many, history, forgotten = asyncio.run(scenario())

@@ -1,0 +1,15 @@
+# The two commands of the README. Both set up .venv themselves on a fresh machine.
+.PHONY: memcheck test demo lint
+
+# The main job: memcheck on the embedded SQLite default.
+memcheck:
+	@bash scripts/bootstrap.sh
+	@.venv/bin/python manage.py migrate --verbosity 0
+	@.venv/bin/python manage.py memcheck
+
+# The whole test suite on SQLite, MariaDB and PostgreSQL (starts the servers if they are down).
+test:
+	@bash scripts/test.sh
+
+lint:
+	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .

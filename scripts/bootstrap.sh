@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Creates .venv and installs the project with every driver and test tool into it.
+# mysqlclient compiles against the MariaDB/MySQL client headers: installed from the system's
+# packages when missing (needs root or sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  echo "bootstrap: installing system packages: $*" >&2
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! pkg-config --exists mysqlclient 2>/dev/null && ! pkg-config --exists libmariadb 2>/dev/null; then
+  apt_install pkg-config libmariadb-dev build-essential python3-dev
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv with $($PYTHON --version)" >&2
+  "$PYTHON" -m venv .venv
+fi
+
+# Reinstall only when the requirements or the package metadata changed.
+stamp=.venv/.agentmemory-requirements
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing requirements.txt into .venv" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -r requirements.txt
+  echo "$want" > "$stamp"
+fi

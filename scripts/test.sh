@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole suite, on every backend: SQLite (embedded), MariaDB and PostgreSQL.
+# Installs what it needs (scripts/bootstrap.sh), starts the servers if they are down
+# (scripts/services.sh), then lints, checks migrations, and runs pytest once per backend.
+# A backend that cannot be reached fails the run; nothing is skipped.
+# Usage: scripts/test.sh [pytest args...]     BACKENDS="sqlite mariadb" to run a subset.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/bootstrap.sh || exit 1
+bash scripts/services.sh || exit 1
+PY=.venv/bin/python
+
+echo "== lint: ruff check, ruff format --check"
+$PY -m ruff check . && $PY -m ruff format --check . || { echo "lint failed"; exit 1; }
+echo "== migrations: makemigrations --check"
+$PY manage.py makemigrations --check --dry-run agentmemory || { echo "a model change has no migration"; exit 1; }
+
+declare -A URLS=(
+  [sqlite]="sqlite:///$PWD/agentmemory.sqlite3"
+  [mariadb]="mysql://root@127.0.0.1:3306/agentmemory"
+  [postgres]="postgres://postgres@127.0.0.1:5432/agentmemory"
+)
+BACKENDS=${BACKENDS:-"sqlite mariadb postgres"}
+status=0
+summary=()
+total_passed=0
+total_failed=0
+for backend in $BACKENDS; do
+  echo "== pytest on $backend (${URLS[$backend]})"
+  log=$(mktemp)
+  DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q "$@" 2>&1 | tee "$log"
+  code=${PIPESTATUS[0]}
+  line=$(grep -E '^[=]* ?[0-9]+ (passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//')
+  passed=$(grep -oE '[0-9]+ passed' <<<"$line" | cut -d' ' -f1); passed=${passed:-0}
+  failed=$(grep -oE '[0-9]+ (failed|error)' <<<"$line" | awk '{s+=$1} END {print s+0}')
+  total_passed=$((total_passed + passed)); total_failed=$((total_failed + failed))
+  if [ "$code" -ne 0 ] || [ "$passed" -eq 0 ]; then
+    status=1; summary+=("$backend: FAILED (pytest exit $code): $line")
+  else
+    summary+=("$backend: $line")
+  fi
+  rm -f "$log"
+done
+
+echo
+echo "== tests per backend"
+printf '  %s\n' "${summary[@]}"
+echo "total: $total_passed passed, $total_failed failed"
+exit $status
