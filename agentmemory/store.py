@@ -349,7 +349,7 @@ class MemoryStore:
         return MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
 
     def _lock_row(self, session_id: str, key: str, now: datetime, *, create: bool) -> Memory | None:
-        locked = self._memories().select_for_update().filter(session_id=session_id, key=key)
+        locked = self._locking().filter(session_id=session_id, key=key)
         row = locked.first()
         if row is None and create:
             # Insert-if-missing, then lock: two writers racing to create a key never make two
@@ -366,6 +366,11 @@ class MemoryStore:
             self._memories().bulk_create([placeholder], ignore_conflicts=True)
             row = locked.first()
         return row
+
+    def _locking(self) -> Any:
+        """The rows a write reads, with the row lock (``SELECT ... FOR UPDATE``; a no-op on
+        SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers)."""
+        return self._memories().select_for_update()
 
     def _append(
         self,

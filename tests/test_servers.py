@@ -1,0 +1,219 @@
+"""What only a server shows: its own transient error codes (TiDB's among them, injected as the
+driver's exceptions), connections killed server-side mid-transaction, a lost COMMIT
+acknowledgement, and what happens to the same writers without the row lock."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from django.db import DatabaseError, connection
+
+from agentmemory import MemoryStore
+from agentmemory.vendors import Transient, classify
+
+from .conftest import run_threads
+from .helpers import inject_errors
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def transient_errors() -> list[tuple[str, object]]:
+    """(label, factory) of every retryable error this backend's driver raises."""
+    if connection.vendor == "sqlite":
+        return [
+            ("SQLITE_BUSY", lambda: sqlite3.OperationalError("database is locked")),
+            ("SQLITE_LOCKED", lambda: sqlite3.OperationalError("database table is locked")),
+        ]
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        codes = {
+            1213: "Deadlock found when trying to get lock; try restarting transaction",
+            1205: "Lock wait timeout exceeded; try restarting transaction",
+            9007: "Write conflict, txnStartTS=1, conflictStartTS=2, conflictCommitTS=3 [try again later]",
+            8002: "[tikv:8002]SELECT FOR UPDATE write conflict",
+            8022: "Error: KV error safe to retry ... [try again later]",
+            8028: "Information schema is changed during the execution of the statement",
+        }
+        return [
+            (str(code), lambda code=code, msg=msg: MySQLdb.OperationalError(code, msg))
+            for code, msg in codes.items()
+        ]
+    import psycopg
+
+    return [
+        ("40001", lambda: psycopg.errors.SerializationFailure("could not serialize access")),
+        ("40P01", lambda: psycopg.errors.DeadlockDetected("deadlock detected")),
+        ("55P03", lambda: psycopg.errors.LockNotAvailable("could not obtain lock")),
+    ]
+
+
+@pytest.mark.parametrize("statement", [1, 2, 3])
+def test_each_transient_error_is_retried_on_every_statement_of_a_write(store, statement):
+    """For each retryable code, fail the 1st (SELECT ... FOR UPDATE), 2nd (UPDATE of the live row)
+    or 3rd (INSERT of the history row) statement of a remember: the store retries the whole
+    transaction, and the history stays gap-free."""
+    for label, make_error in transient_errors():
+        key = f"k-{label}"
+        store.remember("s", key, "before")
+        seen = iter(range(1, 100))
+
+        def on_statement(n, sql, statement=statement, seen=seen):
+            return (
+                sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE"))
+                and next(seen) == statement
+            )
+
+        with inject_errors(make_error, when=on_statement) as hit:
+            record = store.remember("s", key, "after")
+        assert hit, label
+        assert (record.version, record.value) == (2, "after"), label
+        assert [(h.version, h.value) for h in store.history("s", key)] == [
+            (1, "before"),
+            (2, "after"),
+        ], label
+
+
+def test_tidb_error_codes_are_classified_as_retryable():
+    import MySQLdb
+
+    for code in (9007, 8002, 8022, 8028, 1213, 1205):
+        assert classify(MySQLdb.OperationalError(code, "x")) is Transient.CONFLICT
+    for code in (2006, 2013, 1927):
+        assert classify(MySQLdb.OperationalError(code, "x")) is Transient.DISCONNECT
+    assert classify(MySQLdb.IntegrityError(1062, "Duplicate entry")) is None
+    assert classify(MySQLdb.OperationalError(1146, "Table doesn't exist")) is None
+
+
+def test_postgres_states_are_classified():
+    import psycopg
+
+    assert classify(psycopg.errors.SerializationFailure()) is Transient.CONFLICT
+    assert classify(psycopg.errors.DeadlockDetected()) is Transient.CONFLICT
+    assert classify(psycopg.errors.AdminShutdown()) is Transient.DISCONNECT
+    assert classify(psycopg.errors.UniqueViolation()) is None
+
+
+def kill_current_connection() -> None:
+    """Kill this thread's database connection from another connection, server-side."""
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT CONNECTION_ID()")
+            target = cursor.fetchone()[0]
+        settings = connection.settings_dict
+        killer = MySQLdb.connect(
+            host=settings["HOST"],
+            port=int(settings["PORT"]),
+            user=settings["USER"],
+            passwd=settings["PASSWORD"],
+        )
+        killer.cursor().execute(f"KILL {int(target)}")
+        killer.close()
+    else:
+        import psycopg
+
+        target = connection.connection.info.backend_pid
+        settings = connection.settings_dict
+        with psycopg.connect(
+            host=settings["HOST"],
+            port=settings["PORT"],
+            user=settings["USER"],
+            dbname=settings["NAME"],
+            autocommit=True,
+        ) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", [target])
+
+
+@pytest.mark.skipif(
+    "connection.vendor == 'sqlite'",
+    reason="SQLite runs in-process: there is no server connection to kill",
+)
+def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(store):
+    store.remember("s", "k", "before")
+    killed = []
+    from django.db import connection as conn
+
+    def kill_before_history_insert(execute, sql, params, many, context):
+        if (
+            not killed
+            and "agentmemory_memoryversion" in sql
+            and sql.lstrip().upper().startswith("INSERT")
+        ):
+            killed.append(sql)
+            kill_current_connection()
+        return execute(sql, params, many, context)
+
+    with conn.execute_wrapper(kill_before_history_insert):
+        record = store.remember("s", "k", "after")
+    assert killed and store.retries["disconnect"] >= 1
+    assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "before"), (2, "after")]
+    assert record.version == 2
+
+
+def test_lost_commit_acknowledgement_is_not_written_twice(store, monkeypatch):
+    """The COMMIT reached the database but its answer was lost: the store retries, finds its own
+    request id in the history, and returns that version instead of writing another."""
+    store.remember("s", "k", "before")
+    real_commit = connection.commit
+    lost = []
+
+    def commit_then_lose_the_answer():
+        real_commit()
+        if not lost:
+            lost.append(True)
+            with connection.wrap_database_errors:
+                raise lost_connection_error()
+
+    monkeypatch.setattr(connection, "commit", commit_then_lose_the_answer)
+    record = store.remember("s", "k", "after")
+    monkeypatch.undo()
+    assert lost and record.version == 2
+    assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "before"), (2, "after")]
+
+
+def lost_connection_error() -> BaseException:
+    if connection.vendor == "sqlite":
+        return sqlite3.OperationalError("database is locked")  # SQLite's only transient error
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        return MySQLdb.OperationalError(2013, "Lost connection to server during query")
+    import psycopg
+
+    return psycopg.OperationalError("server closed the connection unexpectedly")
+
+
+class NoRowLockStore(MemoryStore):
+    """The store with ``select_for_update`` removed: what the row lock is for."""
+
+    def _locking(self):
+        return self._memories()
+
+
+def test_without_the_row_lock_concurrent_updates_fail_on_servers():
+    """On a server, writers that skip the row lock read the same version; the unique
+    (memory, version) constraint then rejects all but one of them, so errors reach callers.
+    (SQLite's BEGIN IMMEDIATE serializes the whole transaction, so there the lock is not needed.)"""
+    store = NoRowLockStore(cache=None)
+    store.remember("s", "list", [])
+    errors = []
+
+    def appender(worker):
+        for i in range(20):
+            try:
+                store.update("s", "list", lambda items, item=f"{worker}-{i}": [*items, item])
+            except DatabaseError as exc:
+                errors.append(exc)
+
+    run_threads(appender, 8)
+    items = store.recall("s", "list").value
+    if connection.vendor == "sqlite":
+        assert errors == [] and len(items) == 160
+    else:
+        assert errors, "without the row lock, concurrent writers must collide"
+        assert len(items) == 160 - len(errors)
+    history = store.history("s", "list")
+    assert [h.version for h in history] == list(range(1, len(history) + 1))
