@@ -53,6 +53,27 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="agentmemory.E003",
             )
         )
+    elif config["CACHE"] is not None and not settings.CACHES[config["CACHE"]].get(
+        "BACKEND", ""
+    ).startswith("django_redis."):
+        errors.append(
+            Error(
+                f"AGENTMEMORY['CACHE'] is {config['CACHE']!r}, which is not a django-redis cache.",
+                hint="The cache tier needs Redis through django-redis "
+                "(BACKEND 'django_redis.cache.RedisCache'), or set CACHE to None.",
+                id="agentmemory.E006",
+            )
+        )
+    for name in ("CACHE_FENCE_SECONDS", "CACHE_MAX_ENTRY_SECONDS"):
+        seconds = config[name]
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            errors.append(
+                Error(
+                    f"AGENTMEMORY[{name!r}] is {seconds!r}.",
+                    hint="Seconds > 0.",
+                    id="agentmemory.E007",
+                )
+            )
     try:
         check_ttl(config["DEFAULT_TTL"])
     except InvalidMemory as exc:

@@ -20,6 +20,11 @@ DEFAULTS: dict[str, Any] = {
     "CACHE": None,
     # TTL applied when a write passes ttl=None: None means "never expires".
     "DEFAULT_TTL": None,
+    # Cache tier: how long readers trust Redis without re-checking the database for writes that
+    # could not reach it (a writer that could not update Redis waits this long before it
+    # acknowledges), and the longest an entry lives in Redis.
+    "CACHE_FENCE_SECONDS": 1.0,
+    "CACHE_MAX_ENTRY_SECONDS": 3600,
     # Largest encoded JSON value accepted, in bytes.
     "MAX_VALUE_BYTES": 1024 * 1024,
     # Deadlocks, serialization failures, lock timeouts and lost connections are retried

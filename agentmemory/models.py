@@ -8,6 +8,7 @@ and re-creation, and the history rows keep their parent.
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 from .fields import ExactCharField
 from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX
@@ -84,3 +85,20 @@ class MemoryVersion(models.Model):
 
     def __str__(self) -> str:
         return f"v{self.version} {self.op}"
+
+
+class PendingInvalidation(models.Model):
+    """A key whose cache entry may be older than the database: its writer could not reach Redis.
+    While any exists, readers do not renew the cache fence; the next reader that reaches Redis
+    deletes those entries, then these rows."""
+
+    id = models.BigAutoField(primary_key=True)
+    session_id = ExactCharField(max_length=SESSION_ID_MAX)
+    key = ExactCharField(max_length=KEY_MAX)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}/{self.key} pending since {self.created_at}"

@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 
 from . import clock, validation
+from .cache import MemoryCache
 from .conf import get_config
 from .errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op
@@ -69,6 +70,10 @@ class MemoryStore:
         self._attempts: int = retry["ATTEMPTS"]
         self._base_delay: float = retry["BASE_DELAY"]
         self._max_delay: float = retry["MAX_DELAY"]
+        #: The Redis tier, or None: the store is correct without it.
+        self.cache: MemoryCache | None = (
+            MemoryCache(self.cache_alias, self.using) if self.cache_alias else None
+        )
         #: Transient errors absorbed by retries, by kind; read by memcheck and the benchmarks.
         self.retries: Counter[str] = Counter()
         self._retries_lock = threading.Lock()
@@ -202,8 +207,13 @@ class MemoryStore:
         session_id = validation.check_session_id(session_id)
 
         def erase() -> int:
+            rows = self._memories().filter(session_id=session_id)
+            keys = list(rows.values_list("key", flat=True))
             MemoryVersion.objects.using(self.using).filter(memory__session_id=session_id).delete()
-            return self._memories().filter(session_id=session_id).delete()[0]
+            if self.cache is not None and keys:
+                cache = self.cache
+                transaction.on_commit(lambda: cache.erased(session_id, keys), using=self.using)
+            return rows.delete()[0]
 
         return self._transaction(erase)
 
@@ -232,7 +242,10 @@ class MemoryStore:
         if keys is not None:
             if isinstance(keys, str):
                 raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
-            rows = rows.filter(key__in=sorted({validation.check_key(k) for k in keys}))
+            wanted = sorted({validation.check_key(k) for k in keys})
+            if self.cache is not None:
+                return self._recall_cached(session_id, wanted)
+            rows = rows.filter(key__in=wanted)
         elif prefix is not None:
             if not isinstance(prefix, str) or len(prefix) > validation.KEY_MAX:
                 raise InvalidMemory(
@@ -250,6 +263,57 @@ class MemoryStore:
                     session_id, key, value, version, created, updated, expires
                 )
         return found
+
+    def _recall_cached(self, session_id: str, keys: list[str]) -> dict[str, MemoryRecord]:
+        """Redis first; the database for misses (filling Redis under the reader's lease) and
+        for everything while Redis is untrusted or unreachable."""
+        cache = self.cache
+        assert cache is not None
+        reads = cache.read(session_id, keys)
+        for _ in range(3):
+            # Another reader holds the fill lease of a hot key: give its fill a moment rather
+            # than sending every concurrent miss to the database.
+            busy = [k for k, r in reads.items() if r.trusted and not r.hit and r.lease is None]
+            if not busy:
+                break
+            time.sleep(0.005)
+            reads.update(cache.read(session_id, busy))
+        found = {k: r.record for k, r in reads.items() if r.hit and r.record is not None}
+        missing = [k for k in keys if k not in reads or not reads[k].hit]
+        if not missing:
+            return found
+        now = clock.now()
+        for key, state, version, record in self._load(session_id, missing):
+            live = record is not None and state == MemoryState.LIVE
+            if live and record.expires_at is not None and record.expires_at <= now:
+                live = False
+            if live:
+                found[key] = record
+            lease = reads[key].lease if key in reads else None
+            if lease:
+                cache.fill(session_id, key, record if live else None, version, lease)
+        untrusted = next((r for r in reads.values() if not r.trusted), None)
+        if untrusted is not None:
+            cache.renew_fence(untrusted.redis_ms)
+        return found
+
+    def _load(self, session_id: str, keys: list[str]) -> list[tuple[str, str, int, Any]]:
+        """(key, state, version, record) of these keys whatever their state; a key with no
+        row is version 0."""
+        rows = {
+            key: (
+                state,
+                version,
+                MemoryRecord(session_id, key, value, version, created, updated, expires),
+            )
+            for key, state, value, version, created, updated, expires in self._memories()
+            .filter(session_id=session_id, key__in=keys)
+            .values_list(
+                "key", "state", "value", "version", "created_at", "updated_at", "expires_at"
+            )
+        }
+        absent = (MemoryState.FORGOTTEN, 0, None)
+        return [(key, *rows.get(key, absent)) for key in keys]
 
     def history(self, session_id: str, key: str) -> list[MemoryVersionRecord]:
         """Every version of ``(session_id, key)``, oldest first; [] if it never existed."""
@@ -305,15 +369,30 @@ class MemoryStore:
 
         def attempt(retry: bool) -> dict[str, Any]:
             now = clock.now()
-            return {
-                key: self._apply(session_id, key, changes[key], now, retry)
+            updates: dict[str, tuple[MemoryRecord | None, int]] = {}
+            results = {
+                key: self._apply(session_id, key, changes[key], now, retry, updates)
                 for key in sorted(changes)
             }
+            if self.cache is not None and updates:
+                # Only after the commit: a rolled-back attempt must leave Redis untouched.
+                cache = self.cache
+                transaction.on_commit(lambda: cache.written(session_id, updates), using=self.using)
+            return results
 
         return self._transaction(attempt, pass_retry=True)
 
-    def _apply(self, session_id: str, key: str, change: _Change, now: datetime, retry: bool) -> Any:
-        """Inside the transaction: lock the row, check, append one version, update the row."""
+    def _apply(
+        self,
+        session_id: str,
+        key: str,
+        change: _Change,
+        now: datetime,
+        retry: bool,
+        updates: dict[str, tuple[MemoryRecord | None, int]],
+    ) -> Any:
+        """Inside the transaction: lock the row, check, append one version, update the row.
+        ``updates`` collects the key's new state for the cache tier."""
         row = self._lock_row(session_id, key, now, create=change.create)
         if row is None:  # forget/expire/revert of a memory that never existed
             if change.op == Op.REVERT:
@@ -329,6 +408,7 @@ class MemoryStore:
         if row.state == MemoryState.LIVE and row.expires_at is not None and row.expires_at <= now:
             # Expiry is a version too: record it before anything else happens to the key.
             self._append(row, Op.EXPIRE, None, now, None, uuid.uuid4().hex)
+            updates[key] = (None, row.version)
             if change.op == Op.EXPIRE:
                 return True
         if change.op == Op.EXPIRE:  # rewritten with a new TTL since purge_expired looked
@@ -339,6 +419,7 @@ class MemoryStore:
             if not live:
                 return None
             self._append(row, Op.FORGET, None, now, None, change.request_id)
+            updates[key] = (None, row.version)
             return True
         value = change.compute(row.value if live else change.default)
         ttl = change.ttl or self._default_ttl
@@ -346,7 +427,9 @@ class MemoryStore:
         if not live:
             row.created_at = now
         self._append(row, change.op, value, now, expires_at, change.request_id)
-        return MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
+        record = MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
+        updates[key] = (record, row.version)
+        return record
 
     def _lock_row(self, session_id: str, key: str, now: datetime, *, create: bool) -> Memory | None:
         locked = self._locking().filter(session_id=session_id, key=key)

@@ -81,10 +81,19 @@ DATABASES = {
 
 REDIS_URL = os.environ.get("REDIS_URL")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if REDIS_URL:
+    CACHES["agentmemory"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        # Short timeouts: a hung Redis costs a recall at most this, then the store reads the
+        # database and stops calling Redis for a moment.
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25},
+        "KEY_PREFIX": "demo",
+    }
 
 AGENTMEMORY = {
     "DATABASE": "default",
-    "CACHE": None,
+    "CACHE": "agentmemory" if REDIS_URL else None,
 }
 
 AUTH_PASSWORD_VALIDATORS = []

@@ -10,9 +10,22 @@ from django.db import connection, connections
 from agentmemory import MemoryStore, clock
 
 
-@pytest.fixture
-def store() -> MemoryStore:
-    return MemoryStore(cache=None)
+@pytest.fixture(params=["db", "redis"])
+def store(request) -> MemoryStore:
+    """Every store test runs twice: on the database alone, and with the Redis tier."""
+    if request.param == "db":
+        return MemoryStore(cache=None)
+    return MemoryStore(cache=redis_alias())
+
+
+def redis_alias() -> str:
+    from django.conf import settings
+    from django.core.cache import caches
+
+    if "agentmemory" not in settings.CACHES:
+        pytest.fail("the cache tests need Redis: set REDIS_URL (scripts/test.sh does)")
+    caches["agentmemory"].clear()  # a test database starts empty: so must its cache
+    return "agentmemory"
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ def render_text(result: RunResult) -> str:
         f"memcheck run {result.run_id} on {result.vendor} (database {result.database!r}), {mode}",
         f"  {data['operations']} operations by {result.config.workers} workers in {data['seconds']}s "
         f"({data['ops_per_second']} ops/s); retries absorbed by the store: {result.retries or 'none'}",
+        f"  cache tier: {', '.join(f'{k} {v}' for k, v in sorted(result.cache_stats.items())) or 'off'}",
         "",
         f"  {'operation':<10} {'ok':>7} {'fail':>7} {'info':>7}",
     ]

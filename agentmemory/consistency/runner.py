@@ -32,6 +32,7 @@ class RunResult:
     anomalies: list[Anomaly]
     seconds: float
     retries: dict[str, int] = field(default_factory=dict)
+    cache_stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, Counter[str]]:
@@ -59,7 +60,8 @@ class RunResult:
 
 
 def make_store(database: str, unsafe: bool) -> MemoryStore:
-    return (UnlockedMemoryStore if unsafe else MemoryStore)(using=database, cache=None)
+    # The configured cache tier included: memcheck checks what the application will run.
+    return (UnlockedMemoryStore if unsafe else MemoryStore)(using=database)
 
 
 def _process_main(
@@ -160,7 +162,7 @@ def run_memcheck(
         anomalies = duplicate_rows(database, sessions) + check_history(history, state)
     finally:
         if not keep:
-            cleaner = MemoryStore(using=database, cache=None)
+            cleaner = MemoryStore(using=database)
             for session_id in sessions:
                 cleaner.erase_session(session_id)
         connections[database].close()

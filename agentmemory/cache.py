@@ -1,0 +1,372 @@
+"""The Redis cache tier: fast recall that is never stale and never expired.
+
+The store talks to it through four calls -- ``read``, ``fill``, ``written``, ``erased`` -- and is
+correct without it. Three mechanisms keep a cached answer from ever being older than an
+acknowledged write (contract semantic 7):
+
+* **Versioned entries.** An entry holds the memory's version (a forgotten or expired memory is
+  cached as absent, with its version). A write's after-commit update replaces the entry only with a
+  newer version, so a late update can never roll an entry back.
+
+* **Fill leases.** A reader that misses gets a lease token in the same round trip, then reads the
+  database, then fills -- only if its lease still exists. Every write's update deletes the key's
+  lease, so a fill computed from a database read that a later write overtook is rejected. A lease
+  lost to eviction or a flush only costs a miss, never a wrong answer.
+
+* **A fence for outages.** Readers trust Redis only while a fence key (short TTL, fetched in the
+  same round trip as the entry) exists. A writer that cannot update Redis after its commit
+  records the key in the database (``PendingInvalidation``) and waits until no fence that predates
+  that record can still be alive before it acknowledges; the first write of an outage pays at most
+  one fence period. A reader that finds no fence falls back to the database and renews the fence
+  only when nothing is pending; otherwise it first replays the pending keys from the database. A
+  renewal sets the fence's expiry from the Redis clock read *before* the pending check, so a
+  renewal racing with a new pending record cannot outlive the writer's wait. Redis coming back
+  with old contents (a paused server resumed, a restart) therefore serves nothing until replayed.
+
+Counters (``stats``) record hits, misses, fills, rejected fills, errors and replays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError
+
+from . import clock
+from .conf import get_config
+from .errors import MemoryUnavailable
+from .records import MemoryRecord
+
+logger = logging.getLogger("agentmemory.cache")
+
+# KEYS: entry, fence, lease. ARGV: new lease token, lease ms.
+# Returns {entry or false, fence present, redis time ms, lease token or false}.
+READ_SCRIPT = """
+local entry = redis.call('GET', KEYS[1])
+local fence = redis.call('EXISTS', KEYS[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = false
+if not entry and fence == 1 then
+  if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then lease = ARGV[1] end
+end
+return {entry or false, fence, now_ms, lease}
+"""
+
+# KEYS: entry, lease. ARGV: version, payload, ttl ms, lease token ('' for a write's update).
+# A write's update (no token) deletes the lease, so fills begun before it are rejected.
+# Returns 1 if stored, 0 if rejected (older than the cached version, or the lease is gone).
+PUT_SCRIPT = """
+local token = ARGV[4]
+if token ~= '' then
+  if redis.call('GET', KEYS[2]) ~= token then return 0 end
+end
+redis.call('DEL', KEYS[2])
+local current = redis.call('GET', KEYS[1])
+if current then
+  local v = tonumber(string.match(current, '^(%d+)|'))
+  if v and v >= tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class CachedRead:
+    """What Redis said about one key."""
+
+    trusted: bool  # a fence was present: a hit can be believed
+    record: MemoryRecord | None = None
+    hit: bool = False  # a believed entry (record None: the memory is absent at that version)
+    lease: str | None = None  # a miss with the right to fill
+    redis_ms: int = 0
+
+
+class MemoryCache:
+    """The cache tier for one cache alias (django-redis) and one database alias."""
+
+    def __init__(self, alias: str, using: str) -> None:
+        from django.core.cache import caches
+
+        config = get_config()
+        self.alias = alias
+        self.using = using
+        self.fence_seconds: float = config["CACHE_FENCE_SECONDS"]
+        self.max_entry_ms = int(config["CACHE_MAX_ENTRY_SECONDS"] * 1000)
+        self.lease_ms = 5000
+        self.prefix = f"{caches[alias].make_key('agentmemory')}:"
+        self.stats: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._scripts: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ keys
+
+    def _hash(self, session_id: str, key: str) -> str:
+        return hashlib.sha256(f"{session_id}\x00{key}".encode()).hexdigest()[:40]
+
+    def entry_key(self, session_id: str, key: str) -> str:
+        return f"{self.prefix}m:{self._hash(session_id, key)}"
+
+    def lease_key(self, session_id: str, key: str) -> str:
+        return f"{self.prefix}lease:{self._hash(session_id, key)}"
+
+    @property
+    def fence_key(self) -> str:
+        return f"{self.prefix}fence"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _client(self) -> Any:
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(self.alias)
+
+    def _script(self, name: str, source: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self._client().register_script(source)
+        return script
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[name] += n
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, exc: BaseException) -> None:
+        """Count every error; log once per outage; stop calling Redis for a moment."""
+        self.count("errors")
+        with self._lock:
+            was_up = time.monotonic() >= self._down_until
+            self._down_until = time.monotonic() + min(1.0, self.fence_seconds)
+        if was_up:
+            logger.warning(
+                "Redis cache %r unreachable, serving from the database: %s", self.alias, exc
+            )
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, session_id: str, keys: Iterable[str]) -> dict[str, CachedRead]:
+        """One round trip: each key's entry, the fence, the Redis clock, and a fill lease for
+        each miss. Empty when Redis is unreachable (the caller reads the database)."""
+        keys = list(keys)
+        if not self.available:
+            return {}
+        script = self._script("read", READ_SCRIPT)
+        try:
+            pipe = self._client().pipeline(transaction=False)
+            for key in keys:
+                script(
+                    keys=[
+                        self.entry_key(session_id, key),
+                        self.fence_key,
+                        self.lease_key(session_id, key),
+                    ],
+                    args=[secrets.token_hex(8), self.lease_ms],
+                    client=pipe,
+                )
+            replies = pipe.execute()
+        except Exception as exc:  # any Redis failure degrades to the database
+            self._failed(exc)
+            return {}
+        now = clock.now()
+        found = {}
+        for key, (raw, fence, redis_ms, lease) in zip(keys, replies, strict=True):
+            trusted = fence == 1
+            if not trusted:
+                found[key] = CachedRead(False, redis_ms=redis_ms)
+                continue
+            if not raw:
+                self.count("misses")
+                found[key] = CachedRead(
+                    True, lease=_text(lease) if lease else None, redis_ms=redis_ms
+                )
+                continue
+            record = self._decode(session_id, key, raw)
+            if record is _FOREIGN:  # a hash collision: never hand out another key's value
+                found[key] = CachedRead(True, redis_ms=redis_ms)
+                continue
+            if record is not None and record.expires_at is not None and record.expires_at <= now:
+                record = None  # the newest version has expired: the memory is absent
+            self.count("hits")
+            found[key] = CachedRead(True, record=record, hit=True, redis_ms=redis_ms)
+        return found
+
+    def fill(
+        self, session_id: str, key: str, record: MemoryRecord | None, version: int, lease: str
+    ) -> None:
+        """Store what a reader found in the database, if its lease still holds."""
+        self._put(session_id, key, record, version, lease)
+
+    # ------------------------------------------------------------------ writes
+
+    def written(self, session_id: str, changes: dict[str, tuple[MemoryRecord | None, int]]) -> None:
+        """After a commit: store each key's new version. If Redis cannot take them, record
+        them in the database and wait out the fence before the write is acknowledged."""
+        failed = [
+            key
+            for key, (record, version) in sorted(changes.items())
+            if not self._put(session_id, key, record, version, "")
+        ]
+        if failed:
+            self._record_pending(session_id, failed)
+
+    def erased(self, session_id: str, keys: Iterable[str]) -> None:
+        keys = sorted(keys)
+        if not keys:
+            return
+        if self.available:
+            try:
+                names = [self.entry_key(session_id, k) for k in keys] + [
+                    self.lease_key(session_id, k) for k in keys
+                ]
+                self._client().delete(*names)
+                return
+            except Exception as exc:
+                self._failed(exc)
+        self._record_pending(session_id, keys)
+
+    def _put(
+        self, session_id: str, key: str, record: MemoryRecord | None, version: int, lease: str
+    ) -> bool:
+        """True if Redis answered (stored or rightly rejected); False if it could not be reached."""
+        if not self.available:
+            return False
+        ttl_ms = self.max_entry_ms
+        if record is not None and record.expires_at is not None:
+            ttl_ms = min(ttl_ms, int((record.expires_at - clock.now()).total_seconds() * 1000))
+            if ttl_ms <= 0:
+                record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
+        try:
+            stored = self._script("put", PUT_SCRIPT)(
+                keys=[self.entry_key(session_id, key), self.lease_key(session_id, key)],
+                args=[version, self._encode(session_id, key, record), ttl_ms, lease],
+            )
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        self.count(("fills" if lease else "updates") if stored else "stale_rejected")
+        return True
+
+    # ------------------------------------------------------------------ outages
+
+    def _record_pending(self, session_id: str, keys: list[str]) -> None:
+        from .models import PendingInvalidation
+
+        try:
+            PendingInvalidation.objects.using(self.using).bulk_create(
+                [PendingInvalidation(session_id=session_id, key=key) for key in keys]
+            )
+            oldest = (
+                PendingInvalidation.objects.using(self.using)
+                .order_by("id")
+                .values_list("created_at", flat=True)
+                .first()
+            )
+        except DatabaseError as exc:
+            raise MemoryUnavailable(
+                "the write committed, but neither Redis nor the database could record that the "
+                "cache is behind; retry with the same idempotency_key",
+                cause=exc,
+            ) from exc
+        self.count("pending_recorded", len(keys))
+        # No fence renewed after the oldest pending record can exist (renewals check first), so
+        # once one fence period (plus a margin for clock rates) has passed since then, no reader
+        # trusts Redis any more.
+        from django.utils import timezone
+
+        margin = 0.05 + self.fence_seconds * 0.05
+        wait = (
+            (oldest or timezone.now())
+            + timedelta(seconds=self.fence_seconds + margin)
+            - timezone.now()
+        ).total_seconds()
+        if wait > 0:
+            self.count("fence_waits")
+            time.sleep(wait)
+
+    def renew_fence(self, redis_ms: int) -> None:
+        """Called by a reader that found no fence: replay what is pending, then renew the fence
+        with an expiry counted from ``redis_ms``, the Redis clock read before the pending check.
+
+        Replaying a key deletes its entry and lease (never sets a value): whatever Redis holds
+        for it may be older than the database, and deleting can only cause a miss."""
+        from .models import PendingInvalidation
+
+        if not self.available:
+            return
+        pending = list(
+            PendingInvalidation.objects.using(self.using)
+            .order_by("id")
+            .values_list("id", "session_id", "key")[:1000]
+        )
+        try:
+            if pending:
+                names = [self.entry_key(s, k) for _, s, k in pending] + [
+                    self.lease_key(s, k) for _, s, k in pending
+                ]
+                self._client().delete(*names)
+                PendingInvalidation.objects.using(self.using).filter(
+                    id__in=[p[0] for p in pending]
+                ).delete()
+                self.count("replayed", len(pending))
+                return  # renew on a later read, after a fresh pending check
+            self._client().set(self.fence_key, "1", pxat=redis_ms + int(self.fence_seconds * 1000))
+            self.count("fence_renewals")
+        except Exception as exc:
+            self._failed(exc)
+
+    # ------------------------------------------------------------------ encoding
+
+    def _encode(self, session_id: str, key: str, record: MemoryRecord | None) -> str:
+        if record is None:
+            return json.dumps({"s": session_id, "k": key, "absent": True})
+        return json.dumps(
+            {
+                "s": session_id,
+                "k": key,
+                "v": record.value,
+                "c": record.created_at.isoformat(),
+                "u": record.updated_at.isoformat(),
+                "e": record.expires_at.isoformat() if record.expires_at else None,
+            },
+            ensure_ascii=False,
+        )
+
+    def _decode(self, session_id: str, key: str, raw: bytes) -> Any:
+        version, _, payload = _text(raw).partition("|")
+        data = json.loads(payload)
+        if (data["s"], data["k"]) != (session_id, key):
+            return _FOREIGN
+        if data.get("absent"):
+            return None
+        return MemoryRecord(
+            session_id,
+            key,
+            data["v"],
+            int(version),
+            datetime.fromisoformat(data["c"]),
+            datetime.fromisoformat(data["u"]),
+            datetime.fromisoformat(data["e"]) if data["e"] else None,
+        )
+
+
+_FOREIGN: Any = object()
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

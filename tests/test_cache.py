@@ -1,0 +1,302 @@
+"""The Redis tier (semantics 6 and 7 with a cache): real Redis, never a fake.
+
+Tests that break Redis start their own redis-server on a free port."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+from django.core.cache import caches
+from django.db import transaction
+
+from agentmemory import MemoryStore, clock
+
+from .conftest import redis_alias, run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def cached() -> MemoryStore:
+    return MemoryStore(cache=redis_alias())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server of this test's own, which the test may pause, stop or restart."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="agentmemory-redis-")
+        self.args = args
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+                *self.args,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def pause(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            self.process.wait(5)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture
+def own_redis(settings):
+    server = RedisServer()
+    server.start()
+    settings.CACHES = {
+        **settings.CACHES,
+        "own": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": server.url,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
+        },
+    }
+    settings.AGENTMEMORY = {"CACHE_FENCE_SECONDS": 0.5}
+    yield server
+    server.stop()
+
+
+# ------------------------------------------------------------------ read and write paths
+
+
+def test_recall_after_write_is_a_cache_hit_with_the_new_version(cached):
+    cached.recall("s", "k")  # no fence yet: database, then the fence is renewed
+    cached.remember("s", "k", {"v": 1})
+    assert cached.recall("s", "k").value == {"v": 1}
+    cached.remember("s", "k", {"v": 2})
+    record = cached.recall("s", "k")
+    assert (record.version, record.value) == (2, {"v": 2})
+    assert cached.cache.stats["hits"] >= 2
+
+
+def test_a_miss_fills_the_cache_from_the_database(cached):
+    MemoryStore(cache=None).remember("s", "k", "from db")  # Redis never saw this write
+    cached.recall("s", "k")  # renews the fence
+    assert cached.recall("s", "k").value == "from db"  # miss: database, fill
+    assert cached.recall("s", "k").value == "from db"  # hit
+    assert cached.cache.stats["fills"] == 1 and cached.cache.stats["hits"] >= 1
+
+
+def test_forget_is_cached_as_absent(cached):
+    cached.recall("s", "k")
+    cached.remember("s", "k", 1)
+    cached.forget("s", "k")
+    assert cached.recall("s", "k") is None
+    assert cached.cache.stats["hits"] >= 1
+
+
+def test_an_expired_entry_is_never_returned(cached):
+    cached.recall("s", "k")
+    cached.remember("s", "k", "short", ttl=30)
+    assert cached.recall("s", "k").value == "short"
+    clock.advance(31)
+    assert cached.recall("s", "k") is None
+    assert cached.recall_many("s", ["k"]) == {}
+
+
+def test_the_entry_never_outlives_the_memory_ttl_in_redis(cached):
+    cached.remember("s", "k", "short", ttl=2)
+    client = caches["agentmemory"].client.get_client()
+    ttl_ms = client.pttl(cached.cache.entry_key("s", "k"))
+    assert 0 < ttl_ms <= 2000
+
+
+def test_a_rolled_back_write_leaves_the_cache_untouched(cached):
+    cached.recall("s", "k")
+    cached.remember("s", "k", "committed")
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        cached.remember("s", "k", "rolled back")
+        raise Abort
+    assert cached.recall("s", "k").value == "committed"
+    assert cached.cache.stats["hits"] >= 1
+
+
+def test_a_slow_readers_fill_never_overwrites_a_newer_version(cached):
+    cached.recall("s", "k")  # fence
+    cached.remember("s", "k", "v1")
+    caches["agentmemory"].client.get_client().delete(cached.cache.entry_key("s", "k"))  # evicted
+    read = cached.cache.read("s", ["k"])["k"]  # the slow reader misses and takes the lease ...
+    assert read.lease
+    (_, _, version, old) = cached._load("s", ["k"])[0]  # ... reads v1 from the database ...
+    cached.remember("s", "k", "v2")  # ... a writer commits v2 and updates Redis ...
+    cached.cache.fill("s", "k", old, version, read.lease)  # ... the reader's fill comes late
+    assert cached.cache.stats["stale_rejected"] == 1
+    assert cached.recall("s", "k").version == 2
+
+
+def test_a_fill_after_the_entry_was_evicted_is_rejected_too(cached):
+    cached.recall("s", "k")
+    cached.remember("s", "k", "v1")
+    client = caches["agentmemory"].client.get_client()
+    client.delete(cached.cache.entry_key("s", "k"))
+    read = cached.cache.read("s", ["k"])["k"]
+    (_, _, version, old) = cached._load("s", ["k"])[0]
+    cached.remember("s", "k", "v2")
+    client.delete(cached.cache.entry_key("s", "k"))  # v2's entry evicted before the late fill
+    cached.cache.fill("s", "k", old, version, read.lease)
+    assert cached.recall("s", "k").version == 2
+
+
+def test_flushed_redis_only_causes_misses(cached):
+    cached.recall("s", "k")
+    for i in range(5):
+        cached.remember("s", "k", i)
+    caches["agentmemory"].clear()
+    assert cached.recall("s", "k").value == 4
+    assert cached.recall("s", "k").value == 4
+
+
+def test_hot_key_misses_do_not_stampede_the_database(cached):
+    MemoryStore(cache=None).remember("s", "hot", "value")
+    cached.recall("s", "hot")  # renew the fence, but leave the entry cold
+    caches["agentmemory"].client.get_client().delete(cached.cache.entry_key("s", "hot"))
+    loads = []
+    original = cached._load
+
+    def counting_load(session_id, keys):
+        loads.append(keys)
+        return original(session_id, keys)
+
+    cached._load = counting_load
+    values = run_threads(lambda i: cached.recall("s", "hot").value, 16)
+    assert values == ["value"] * 16
+    assert len(loads) <= 4, f"{len(loads)} of 16 concurrent misses went to the database"
+
+
+def test_concurrent_writers_and_readers_never_read_older_than_acknowledged(cached):
+    """Every read is checked against the newest version acknowledged before the read began."""
+    cached.remember("s", "k", 0)
+    acknowledged = [(0.0, 1)]  # (time acknowledged, version)
+    stale = []
+
+    def worker(index):
+        for i in range(40):
+            if index % 2 == 0:
+                record = cached.remember("s", "k", [index, i])
+                acknowledged.append((time.monotonic(), record.version))
+            else:
+                began = time.monotonic()
+                floor = max(v for t, v in list(acknowledged) if t < began)
+                record = cached.recall("s", "k")
+                if record.version < floor:
+                    stale.append((record.version, floor))
+
+    run_threads(worker, 8)
+    assert stale == []
+    assert cached.cache.stats["hits"] > 0
+
+
+# ------------------------------------------------------------------ faults, on a Redis of our own
+
+
+def test_redis_refusing_connections_costs_only_the_database(own_redis, caplog):
+    store = MemoryStore(cache="own")
+    own_redis.stop()
+    caplog.set_level(logging.WARNING, logger="agentmemory.cache")
+    started = time.monotonic()
+    for i in range(20):
+        store.remember("s", "k", i)
+        assert store.recall("s", "k").value == i
+    assert time.monotonic() - started < 10
+    assert store.cache.stats["errors"] >= 1
+    warnings = [r for r in caplog.records if r.name == "agentmemory.cache"]
+    assert len(warnings) <= 2, "errors are logged once per outage, not per call"
+
+
+def test_paused_redis_resumed_with_old_contents_serves_no_stale_read(own_redis):
+    """SIGSTOP Redis while it holds v1, write v2..v6 while it is paused, resume it with its old
+    contents: no recall may return a version older than the last acknowledged one."""
+    store = MemoryStore(cache="own")
+    store.recall("s", "k")
+    store.remember("s", "k", 1)
+    assert store.recall("s", "k").version == 1
+    assert store.cache.stats["hits"] >= 1
+    own_redis.pause()
+    try:
+        for i in range(2, 7):
+            record = store.remember("s", "k", i)
+        assert record.version == 6
+        during = [store.recall("s", "k").version for _ in range(5)]
+    finally:
+        own_redis.resume()
+    store.cache._down_until = 0  # Redis is back: stop waiting out the breaker
+    other = MemoryStore(cache="own")  # a fresh client too, with no memory of the outage
+    after = [s.recall("s", "k").version for s in (store, other) for _ in range(10)]
+    stale = [v for v in during + after if v < 6]
+    assert stale == [], f"stale reads: {stale}"
+    assert store.cache.stats["pending_recorded"] >= 1
+
+
+def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings):
+    server = RedisServer("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+    server.start()
+    try:
+        settings.CACHES = {
+            **settings.CACHES,
+            "tiny": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url},
+        }
+        store = MemoryStore(cache="tiny")
+        store.recall("s", "k0")
+        big = "x" * 50_000
+        latest = {}
+        for round_number in range(3):
+            for i in range(60):
+                latest[f"k{i}"] = store.remember("s", f"k{i}", [round_number, big]).version
+            for i in range(60):
+                record = store.recall("s", f"k{i}")
+                assert record.version == latest[f"k{i}"] and record.value[0] == round_number
+        info = store.cache._client().info("stats")
+        assert info["evicted_keys"] > 0
+    finally:
+        server.stop()
