@@ -119,10 +119,13 @@ def _one_op(
         op.kind, op.value = "remember", token
         call = lambda: store.remember(session_id, key, token)
     elif roll < 0.85:
-        seen = store.recall(session_id, key)
         op.kind, op.value = "cas", token
-        op.expected_version = seen.version if seen else 0
-        call = lambda: store.remember(session_id, key, token, expected_version=op.expected_version)
+
+        def call() -> Any:
+            seen = store.recall(session_id, key)
+            op.expected_version = seen.version if seen else 0
+            return store.remember(session_id, key, token, expected_version=op.expected_version)
+
     elif roll < 0.95:
         # The same write sent twice, as a client does after a timeout: one version, not two.
         op.kind, op.value, op.idempotency_key = "retry", token, op_id

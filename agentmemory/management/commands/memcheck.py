@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from ...conf import get_config
 from ...consistency.audit import audit
@@ -76,6 +77,15 @@ class Command(BaseCommand):
                 "--faults db|cache|all is not available yet; run with --faults none", returncode=2
             )
         try:
+            executor = MigrationExecutor(connections[database])
+            unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes("agentmemory"))
+            if unapplied:
+                raise CommandError(
+                    f"database {database!r} lacks agentmemory migrations "
+                    f"({', '.join(m.name for m, _ in unapplied)}): run "
+                    f"`manage.py migrate --database {database}` first",
+                    returncode=2,
+                )
             Memory.objects.using(database).exists()
         except DatabaseError as exc:
             raise CommandError(
