@@ -133,11 +133,29 @@ class MemoryCache:
 
         return get_redis_connection(self.alias)
 
-    def _script(self, name: str, source: str) -> Any:
-        script = self._scripts.get(name)
-        if script is None:
-            script = self._scripts[name] = self._client().register_script(source)
-        return script
+    def _run(self, source: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run a Lua script once per (keys, args) in one round trip, by its SHA (redis-py's
+        pipelined scripts would add a SCRIPT EXISTS round trip to every call)."""
+        from redis.exceptions import NoScriptError
+
+        client = self._client()
+        sha = self._scripts.get(source)
+        if sha is None:
+            sha = self._scripts[source] = client.script_load(source)
+        for attempt in range(2):
+            try:
+                if len(calls) == 1:
+                    keys, args = calls[0]
+                    return [client.evalsha(sha, len(keys), *keys, *args)]
+                pipe = client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(sha, len(keys), *keys, *args)
+                return pipe.execute()
+            except NoScriptError:  # Redis restarted or flushed its scripts: load it again
+                if attempt:
+                    raise
+                sha = self._scripts[source] = client.script_load(source)
+        raise AssertionError("unreachable")
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -166,20 +184,15 @@ class MemoryCache:
         keys = list(keys)
         if not self.available:
             return {}
-        script = self._script("read", READ_SCRIPT)
+        calls = [
+            (
+                [self.entry_key(session_id, key), self.fence_key, self.lease_key(session_id, key)],
+                [secrets.token_hex(8), self.lease_ms],
+            )
+            for key in keys
+        ]
         try:
-            pipe = self._client().pipeline(transaction=False)
-            for key in keys:
-                script(
-                    keys=[
-                        self.entry_key(session_id, key),
-                        self.fence_key,
-                        self.lease_key(session_id, key),
-                    ],
-                    args=[secrets.token_hex(8), self.lease_ms],
-                    client=pipe,
-                )
-            replies = pipe.execute()
+            replies = self._run(READ_SCRIPT, calls)
         except Exception as exc:  # any Redis failure degrades to the database
             self._failed(exc)
             return {}
@@ -252,10 +265,9 @@ class MemoryCache:
             if ttl_ms <= 0:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
         try:
-            stored = self._script("put", PUT_SCRIPT)(
-                keys=[self.entry_key(session_id, key), self.lease_key(session_id, key)],
-                args=[version, self._encode(session_id, key, record), ttl_ms, lease],
-            )
+            keys = [self.entry_key(session_id, key), self.lease_key(session_id, key)]
+            args = [version, self._encode(session_id, key, record), ttl_ms, lease]
+            stored = self._run(PUT_SCRIPT, [(keys, args)])[0]
         except Exception as exc:
             self._failed(exc)
             return False
