@@ -438,17 +438,22 @@ class MemoryStore:
             # Insert-if-missing, then lock: two writers racing to create a key never make two
             # rows, and neither sees an IntegrityError. The placeholder (version 0, not live) is
             # overwritten below in the same transaction, or rolled back with it.
-            placeholder = Memory(
-                session_id=session_id,
-                key=key,
-                version=0,
-                state=MemoryState.FORGOTTEN,
-                created_at=now,
-                updated_at=now,
-            )
-            self._memories().bulk_create([placeholder], ignore_conflicts=True)
+            self._insert_placeholder(session_id, key, now)
             row = locked.first()
         return row
+
+    def _insert_placeholder(self, session_id: str, key: str, now: datetime) -> None:
+        """Insert-if-missing (ON CONFLICT DO NOTHING / INSERT IGNORE) a version-0 row that is not
+        live: the row the write then locks and overwrites."""
+        placeholder = Memory(
+            session_id=session_id,
+            key=key,
+            version=0,
+            state=MemoryState.FORGOTTEN,
+            created_at=now,
+            updated_at=now,
+        )
+        self._memories().bulk_create([placeholder], ignore_conflicts=True)
 
     def _locking(self) -> Any:
         """The rows a write reads, with the row lock (``SELECT ... FOR UPDATE``; a no-op on

@@ -58,19 +58,7 @@ class UnlockedMemoryStore(MemoryStore):
             ttl = change.ttl or self._default_ttl
             state, expires_at = MemoryState.LIVE, (now + ttl if ttl else None)
         if seen is None:
-            self._memories().bulk_create(
-                [
-                    Memory(
-                        session_id=session_id,
-                        key=key,
-                        version=0,
-                        state=MemoryState.FORGOTTEN,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                ],
-                ignore_conflicts=True,
-            )
+            self._insert_placeholder(session_id, key, now)
         rows = self._memories().filter(session_id=session_id, key=key)
         rows.update(
             value=value,
