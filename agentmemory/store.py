@@ -23,7 +23,7 @@ from .conf import get_config
 from .errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op
 from .records import MemoryRecord, MemoryVersionRecord
-from .vendors import Transient, classify
+from .vendors import Transient, classify, insert_if_missing
 
 logger = logging.getLogger("agentmemory")
 
@@ -443,17 +443,17 @@ class MemoryStore:
         return row
 
     def _insert_placeholder(self, session_id: str, key: str, now: datetime) -> None:
-        """Insert-if-missing (ON CONFLICT DO NOTHING / INSERT IGNORE) a version-0 row that is not
-        live: the row the write then locks and overwrites."""
-        placeholder = Memory(
-            session_id=session_id,
-            key=key,
-            version=0,
-            state=MemoryState.FORGOTTEN,
-            created_at=now,
-            updated_at=now,
-        )
-        self._memories().bulk_create([placeholder], ignore_conflicts=True)
+        """Insert-if-missing a version-0 row that is not live: the row the write then locks and
+        overwrites."""
+        values = {
+            "session_id": session_id,
+            "key": key,
+            "version": 0,
+            "state": MemoryState.FORGOTTEN,
+            "created_at": now,
+            "updated_at": now,
+        }
+        insert_if_missing(connections[self.using], Memory, values)
 
     def _locking(self) -> Any:
         """The rows a write reads, with the row lock (``SELECT ... FOR UPDATE``; a no-op on

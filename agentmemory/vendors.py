@@ -79,3 +79,30 @@ def classify(exc: BaseException) -> Transient | None:
     if isinstance(exc, InterfaceError):
         return Transient.DISCONNECT
     return None
+
+
+def insert_if_missing(connection: Any, model: Any, values: dict[str, Any]) -> None:
+    """Insert one row unless its unique key exists, without raising and without making two.
+
+    On the MySQL family ``INSERT IGNORE`` (what ``bulk_create(ignore_conflicts=True)`` emits)
+    takes a *shared* lock on an existing duplicate, which the ``SELECT ... FOR UPDATE`` that
+    follows must upgrade: two writers racing to create a key then deadlock (1213). ``ON DUPLICATE
+    KEY UPDATE id = id`` takes the exclusive lock at once. Elsewhere ``ON CONFLICT DO NOTHING``.
+    """
+    if connection.vendor != "mysql":
+        model._default_manager.using(connection.alias).bulk_create(
+            [model(**values)], ignore_conflicts=True
+        )
+        return
+    meta = model._meta
+    fields = [meta.get_field(name) for name in values]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    params = [field.get_db_prep_value(values[field.name], connection) for field in fields]
+    pk = quote(meta.pk.column)
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON DUPLICATE KEY UPDATE {pk} = {pk}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
