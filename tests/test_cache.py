@@ -300,3 +300,16 @@ def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings):
         assert info["evicted_keys"] > 0
     finally:
         server.stop()
+
+
+def test_memcheck_reports_a_cache_that_diverged_from_the_database(cached):
+    from agentmemory.consistency.checker import cache_divergence, load_state
+
+    cached.recall("s", "k")
+    cached.remember("s", "k", "v1")  # Redis holds v1
+    cached.remember("s", "other", "same")
+    MemoryStore(cache=None).remember("s", "k", "v2")  # a write Redis never heard of
+    anomalies = cache_divergence(cached.cache, load_state("default", ["s"]))
+    assert [(a.check, a.key, a.message) for a in anomalies] == [
+        ("cache-divergence", "k", "Redis holds v1, the database v2")
+    ]

@@ -22,10 +22,12 @@ def run(*args):
     return code, out.getvalue()
 
 
-def test_memcheck_passes_on_the_locked_path_and_cleans_up():
+def test_memcheck_passes_on_the_locked_path_and_cleans_up(settings):
     code, out = run("--ops", "600", "--workers", "6")
     assert code == 0, out
     assert "RESULT: no anomaly" in out
+    if settings.AGENTMEMORY.get("CACHE"):  # REDIS_URL set: the run went through Redis
+        assert "cache tier: off" not in out and " hits " in out
     assert not Memory.objects.filter(session_id__startswith="memcheck-").exists()
 
 

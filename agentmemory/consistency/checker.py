@@ -30,6 +30,7 @@ CHECKS = {
     "cross-session-read": "no read returns another session's or key's value",
     "expired-read": "no read returns a memory whose TTL had passed when the read began",
     "caller-error": "no error other than VersionConflict/MemoryUnavailable reaches a caller",
+    "cache-divergence": "at quiescence, every Redis entry holds the database's version",
 }
 
 
@@ -95,6 +96,32 @@ def load_state(using: str, session_ids: Iterable[str]) -> dict[tuple[str, str], 
             )
         )
     return dict(state)
+
+
+def cache_divergence(cache: Any, state: dict[tuple[str, str], StoredKey]) -> list[Anomaly]:
+    """At quiescence, an entry Redis holds must be the database's current version (a missing
+    entry is only a future miss). Needs a reachable Redis; reports nothing without a cache."""
+    if cache is None:
+        return []
+    keys = sorted(state)
+    client = cache._client()
+    raw = client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
+    anomalies = []
+    for (session_id, key), entry in zip(keys, raw, strict=True):
+        if entry is None:
+            continue
+        cached = int((entry.decode() if isinstance(entry, bytes) else entry).partition("|")[0])
+        stored = state[(session_id, key)].live_version
+        if cached != stored:
+            anomalies.append(
+                Anomaly(
+                    "cache-divergence",
+                    session_id,
+                    key,
+                    f"Redis holds v{cached}, the database v{stored}",
+                )
+            )
+    return anomalies
 
 
 def duplicate_rows(using: str, session_ids: Iterable[str]) -> list[Anomaly]:

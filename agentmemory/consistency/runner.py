@@ -15,7 +15,7 @@ from django.db import connections
 
 from ..store import MemoryStore
 from .bootstrap import setup_process
-from .checker import Anomaly, check_history, duplicate_rows, load_state
+from .checker import Anomaly, cache_divergence, check_history, duplicate_rows, load_state
 from .history import History, Operation
 from .unsafe import UnlockedMemoryStore
 from .workloads import WorkloadConfig, new_run_id, run_workload, session_ids
@@ -55,13 +55,17 @@ class RunResult:
             else None,
             "counts": {kind: dict(c) for kind, c in sorted(self.counts.items())},
             "retries": self.retries,
+            "cache": self.cache_stats,
             "anomalies": [a.as_dict() for a in self.anomalies],
         }
 
 
 def make_store(database: str, unsafe: bool) -> MemoryStore:
-    # The configured cache tier included: memcheck checks what the application will run.
-    return (UnlockedMemoryStore if unsafe else MemoryStore)(using=database)
+    # The configured cache tier included: memcheck checks what the application will run. The
+    # unlocked demo path runs without it, so what it finds is the missing lock alone.
+    if unsafe:
+        return UnlockedMemoryStore(using=database, cache=None)
+    return MemoryStore(using=database)
 
 
 def _process_main(
@@ -160,6 +164,7 @@ def run_memcheck(
         retries.update(store.retries)
         state = load_state(database, sessions)
         anomalies = duplicate_rows(database, sessions) + check_history(history, state)
+        anomalies += cache_divergence(store.cache, state)
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)
@@ -176,4 +181,5 @@ def run_memcheck(
         anomalies,
         seconds,
         dict(retries),
+        dict(store.cache.stats) if store.cache is not None else {},
     )
