@@ -41,10 +41,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError
+from django.utils import timezone
 
 from . import clock
 from .conf import get_config
 from .errors import MemoryUnavailable
+from .models import PendingInvalidation
 from .records import MemoryRecord
 
 logger = logging.getLogger("agentmemory.cache")
@@ -117,10 +119,15 @@ class MemoryCache:
         return hashlib.sha256(f"{session_id}\x00{key}".encode()).hexdigest()[:40]
 
     def entry_key(self, session_id: str, key: str) -> str:
-        return f"{self.prefix}m:{self._hash(session_id, key)}"
+        return self._names(session_id, key)[0]
 
     def lease_key(self, session_id: str, key: str) -> str:
-        return f"{self.prefix}lease:{self._hash(session_id, key)}"
+        return self._names(session_id, key)[1]
+
+    def _names(self, session_id: str, key: str) -> tuple[str, str]:
+        """The Redis names of a key's entry and of its fill lease."""
+        digest = self._hash(session_id, key)
+        return f"{self.prefix}m:{digest}", f"{self.prefix}lease:{digest}"
 
     @property
     def fence_key(self) -> str:
@@ -146,11 +153,13 @@ class MemoryCache:
             try:
                 if len(calls) == 1:
                     keys, args = calls[0]
-                    return [client.evalsha(sha, len(keys), *keys, *args)]
-                pipe = client.pipeline(transaction=False)
-                for keys, args in calls:
-                    pipe.evalsha(sha, len(keys), *keys, *args)
-                return pipe.execute()
+                    replies = [client.evalsha(sha, len(keys), *keys, *args)]
+                else:
+                    pipe = client.pipeline(transaction=False)
+                    for keys, args in calls:
+                        pipe.evalsha(sha, len(keys), *keys, *args)
+                    replies = pipe.execute()
+                return replies
             except NoScriptError:  # Redis restarted or flushed its scripts: load it again
                 if attempt:
                     raise
@@ -184,13 +193,10 @@ class MemoryCache:
         keys = list(keys)
         if not self.available:
             return {}
-        calls = [
-            (
-                [self.entry_key(session_id, key), self.fence_key, self.lease_key(session_id, key)],
-                [secrets.token_hex(8), self.lease_ms],
-            )
-            for key in keys
-        ]
+        calls = []
+        for key in keys:
+            entry, lease = self._names(session_id, key)
+            calls.append(([entry, self.fence_key, lease], [secrets.token_hex(8), self.lease_ms]))
         try:
             replies = self._run(READ_SCRIPT, calls)
         except Exception as exc:  # any Redis failure degrades to the database
@@ -242,16 +248,18 @@ class MemoryCache:
         keys = sorted(keys)
         if not keys:
             return
-        if self.available:
-            try:
-                names = [self.entry_key(session_id, k) for k in keys] + [
-                    self.lease_key(session_id, k) for k in keys
-                ]
-                self._client().delete(*names)
-                return
-            except Exception as exc:
-                self._failed(exc)
-        self._record_pending(session_id, keys)
+        if not (self.available and self._drop([(session_id, key) for key in keys])):
+            self._record_pending(session_id, keys)
+
+    def _drop(self, keys: list[tuple[str, str]]) -> bool:
+        """Delete the entries and fill leases of these (session_id, key) pairs: always safe, it
+        can only cause misses. False if Redis could not be reached."""
+        try:
+            self._client().delete(*[name for pair in keys for name in self._names(*pair)])
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        return True
 
     def _put(
         self, session_id: str, key: str, record: MemoryRecord | None, version: int, lease: str
@@ -265,7 +273,7 @@ class MemoryCache:
             if ttl_ms <= 0:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
         try:
-            keys = [self.entry_key(session_id, key), self.lease_key(session_id, key)]
+            keys = list(self._names(session_id, key))
             args = [version, self._encode(session_id, key, record), ttl_ms, lease]
             stored = self._run(PUT_SCRIPT, [(keys, args)])[0]
         except Exception as exc:
@@ -277,8 +285,6 @@ class MemoryCache:
     # ------------------------------------------------------------------ outages
 
     def _record_pending(self, session_id: str, keys: list[str]) -> None:
-        from .models import PendingInvalidation
-
         try:
             PendingInvalidation.objects.using(self.using).bulk_create(
                 [PendingInvalidation(session_id=session_id, key=key) for key in keys]
@@ -299,8 +305,6 @@ class MemoryCache:
         # No fence renewed after the oldest pending record can exist (renewals check first), so
         # once one fence period (plus a margin for clock rates) has passed since then, no reader
         # trusts Redis any more.
-        from django.utils import timezone
-
         margin = 0.05 + self.fence_seconds * 0.05
         wait = (
             (oldest or timezone.now())
@@ -317,8 +321,6 @@ class MemoryCache:
 
         Replaying a key deletes its entry and lease (never sets a value): whatever Redis holds
         for it may be older than the database, and deleting can only cause a miss."""
-        from .models import PendingInvalidation
-
         if not self.available:
             return
         pending = list(
@@ -326,21 +328,18 @@ class MemoryCache:
             .order_by("id")
             .values_list("id", "session_id", "key")[:1000]
         )
-        try:
-            if pending:
-                names = [self.entry_key(s, k) for _, s, k in pending] + [
-                    self.lease_key(s, k) for _, s, k in pending
-                ]
-                self._client().delete(*names)
-                PendingInvalidation.objects.using(self.using).filter(
-                    id__in=[p[0] for p in pending]
-                ).delete()
+        if pending:
+            if self._drop([(session_id, key) for _, session_id, key in pending]):
+                ids = [pending_id for pending_id, _, _ in pending]
+                PendingInvalidation.objects.using(self.using).filter(id__in=ids).delete()
                 self.count("replayed", len(pending))
-                return  # renew on a later read, after a fresh pending check
+            return  # renew on a later read, after a fresh pending check
+        try:
             self._client().set(self.fence_key, "1", pxat=redis_ms + int(self.fence_seconds * 1000))
-            self.count("fence_renewals")
         except Exception as exc:
             self._failed(exc)
+            return
+        self.count("fence_renewals")
 
     # ------------------------------------------------------------------ encoding
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import random
 import threading
 import time
@@ -24,8 +23,6 @@ from .errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op
 from .records import MemoryRecord, MemoryVersionRecord
 from .vendors import Transient, classify, insert_if_missing
-
-logger = logging.getLogger("agentmemory")
 
 T = TypeVar("T")
 _CACHE_FROM_SETTINGS: Any = object()
@@ -104,7 +101,7 @@ class MemoryStore:
         change = _Change(
             Op.WRITE,
             compute=lambda _current: value,
-            ttl=self._check_ttl(ttl),
+            ttl=validation.check_ttl(ttl),
             expected_version=self._check_expected(expected_version),
             **self._request(idempotency_key),
         )
@@ -129,8 +126,7 @@ class MemoryStore:
             Op.WRITE,
             compute=lambda current: self._check_value(fn(current)),
             default=self._check_value(default),
-            ttl=self._check_ttl(ttl),
-            **self._request(None),
+            ttl=validation.check_ttl(ttl),
         )
         return self._write(session_id, {key: change})[key]
 
@@ -147,12 +143,12 @@ class MemoryStore:
             raise InvalidMemory(
                 "items", f"must be a mapping of key to value, got {type(items).__name__}"
             )
-        ttl = self._check_ttl(ttl)
+        ttl = validation.check_ttl(ttl)
         changes = {}
         for key, value in items.items():
             checked = self._check_value(value)
             changes[validation.check_key(key)] = _Change(
-                Op.WRITE, compute=lambda _current, v=checked: v, ttl=ttl, **self._request(None)
+                Op.WRITE, compute=lambda _current, v=checked: v, ttl=ttl
             )
         return self._write(session_id, changes) if changes else {}
 
@@ -160,7 +156,7 @@ class MemoryStore:
         """Write a NEW version holding the value that ``version`` held (history stays linear)."""
         session_id, key = self._check_ids(session_id, key)
         version = validation.check_version("version", version, minimum=1)
-        change = _Change(Op.REVERT, ttl=self._default_ttl, create=False, **self._request(None))
+        change = _Change(Op.REVERT, ttl=self._default_ttl, create=False)
         change.compute = lambda _current: self._value_of_version(session_id, key, version)
         return self._write(session_id, {key: change})[key]
 
@@ -168,10 +164,7 @@ class MemoryStore:
         """Record a ``forget`` version; True if a live memory was forgotten."""
         session_id, key = self._check_ids(session_id, key)
         change = _Change(
-            Op.FORGET,
-            expected_version=self._check_expected(expected_version),
-            create=False,
-            **self._request(None),
+            Op.FORGET, expected_version=self._check_expected(expected_version), create=False
         )
         return self._write(session_id, {key: change})[key] is not None
 
@@ -206,7 +199,7 @@ class MemoryStore:
         requests and throw-away sessions (memcheck's). Returns the number of memories deleted."""
         session_id = validation.check_session_id(session_id)
 
-        def erase() -> int:
+        def erase(_retry: bool) -> int:
             rows = self._memories().filter(session_id=session_id)
             keys = list(rows.values_list("key", flat=True))
             MemoryVersion.objects.using(self.using).filter(memory__session_id=session_id).delete()
@@ -284,9 +277,9 @@ class MemoryStore:
             return found
         now = clock.now()
         for key, state, version, record in self._load(session_id, missing):
-            live = record is not None and state == MemoryState.LIVE
-            if live and record.expires_at is not None and record.expires_at <= now:
-                live = False
+            live = state == MemoryState.LIVE and (
+                record.expires_at is None or record.expires_at > now
+            )
             if live:
                 found[key] = record
             lease = reads[key].lease if key in reads else None
@@ -380,7 +373,7 @@ class MemoryStore:
                 transaction.on_commit(lambda: cache.written(session_id, updates), using=self.using)
             return results
 
-        return self._transaction(attempt, pass_retry=True)
+        return self._transaction(attempt)
 
     def _apply(
         self,
@@ -415,15 +408,14 @@ class MemoryStore:
             return None
         live = row.state == MemoryState.LIVE
         self._check_cas(session_id, key, change, actual=row.version if live else 0)
-        if change.op in (Op.FORGET, Op.EXPIRE):
+        if change.op == Op.FORGET:
             if not live:
                 return None
             self._append(row, Op.FORGET, None, now, None, change.request_id)
             updates[key] = (None, row.version)
             return True
         value = change.compute(row.value if live else change.default)
-        ttl = change.ttl or self._default_ttl
-        expires_at = now + ttl if ttl else None
+        expires_at = self._expires_at(change, now)
         if not live:
             row.created_at = now
         self._append(row, change.op, value, now, expires_at, change.request_id)
@@ -512,14 +504,16 @@ class MemoryStore:
             done.expires_at,
         )
 
+    def _expires_at(self, change: _Change, now: datetime) -> datetime | None:
+        ttl = change.ttl or self._default_ttl
+        return now + ttl if ttl else None
+
     def _check_cas(self, session_id: str, key: str, change: _Change, *, actual: int) -> None:
         if change.expected_version is not None and change.expected_version != actual:
             raise VersionConflict(session_id, key, expected=change.expected_version, actual=actual)
 
     def _expire_or_forget(self, session_id: str, key: str, op: str) -> bool:
-        return bool(
-            self._write(session_id, {key: _Change(op, create=False, **self._request(None))})[key]
-        )
+        return bool(self._write(session_id, {key: _Change(op, create=False)})[key])
 
     def _value_of_version(self, session_id: str, key: str, version: int) -> Any:
         old = (
@@ -536,14 +530,14 @@ class MemoryStore:
             )
         return old[1]
 
-    def _transaction(self, work: Callable[..., T], *, pass_retry: bool = False) -> T:
-        """Run ``work`` in ``transaction.atomic``, retrying the whole transaction on transient
+    def _transaction(self, work: Callable[[bool], T]) -> T:
+        """Run ``work(retry)`` in ``transaction.atomic``, retrying the whole transaction on transient
         errors. Inside a caller's own transaction nothing can be retried (the server rolled the
         whole transaction back), so the error propagates for the caller to retry."""
         connection = connections[self.using]
         if connection.in_atomic_block:
             with transaction.atomic(using=self.using):
-                return work(False) if pass_retry else work()
+                return work(False)
         error: BaseException | None = None
         for attempt in range(self._attempts):
             if attempt:
@@ -551,7 +545,7 @@ class MemoryStore:
                 time.sleep(random.uniform(0, ceiling))
             try:
                 with transaction.atomic(using=self.using):
-                    return work(attempt > 0) if pass_retry else work()
+                    return work(attempt > 0)
             except DatabaseError as exc:
                 kind = classify(exc)
                 if kind is None:
@@ -600,18 +594,17 @@ class MemoryStore:
         # A decoded copy: the caller's later mutations cannot reach what was stored or returned.
         return json.loads(validation.encode_value(value, self._max_value_bytes))
 
-    def _check_ttl(self, ttl: Any) -> timedelta | None:
-        return validation.check_ttl(ttl)
-
     def _check_expected(self, expected_version: Any) -> int | None:
         if expected_version is None:
             return None
         return validation.check_version("expected_version", expected_version, minimum=0)
 
     def _request(self, idempotency_key: str | None) -> dict[str, Any]:
-        if idempotency_key is not None:
-            return {
-                "request_id": "k:" + validation.check_idempotency_key(idempotency_key),
-                "caller_request_id": True,
-            }
-        return {"request_id": uuid.uuid4().hex}
+        """The caller's idempotency key as the change's request id (otherwise ``_Change``
+        generates one)."""
+        if idempotency_key is None:
+            return {}
+        return {
+            "request_id": "k:" + validation.check_idempotency_key(idempotency_key),
+            "caller_request_id": True,
+        }

@@ -40,7 +40,7 @@ class UnlockedMemoryStore(MemoryStore):
                 for key in sorted(changes)
             }
 
-        return self._transaction(attempt, pass_retry=True)
+        return self._transaction(attempt)
 
     def _apply_unlocked(
         self, session_id: str, key: str, change: _Change, seen: Memory | None, now: datetime
@@ -55,8 +55,7 @@ class UnlockedMemoryStore(MemoryStore):
             value, state, expires_at = None, MemoryState.FORGOTTEN, None
         else:
             value = change.compute(seen.value if live and seen else change.default)
-            ttl = change.ttl or self._default_ttl
-            state, expires_at = MemoryState.LIVE, (now + ttl if ttl else None)
+            state, expires_at = MemoryState.LIVE, self._expires_at(change, now)
         if seen is None:
             self._insert_placeholder(session_id, key, now)
         rows = self._memories().filter(session_id=session_id, key=key)
