@@ -111,6 +111,7 @@ class MemoryCache:
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._outage = False
         self._scripts: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ keys
@@ -159,6 +160,7 @@ class MemoryCache:
                     for keys, args in calls:
                         pipe.evalsha(sha, len(keys), *keys, *args)
                     replies = pipe.execute()
+                self._answered()
                 return replies
             except NoScriptError:  # Redis restarted or flushed its scripts: load it again
                 if attempt:
@@ -178,12 +180,21 @@ class MemoryCache:
         """Count every error; log once per outage; stop calling Redis for a moment."""
         self.count("errors")
         with self._lock:
-            was_up = time.monotonic() >= self._down_until
+            first = not self._outage
+            self._outage = True
             self._down_until = time.monotonic() + min(1.0, self.fence_seconds)
-        if was_up:
+        if first:
             logger.warning(
                 "Redis cache %r unreachable, serving from the database: %s", self.alias, exc
             )
+
+    def _answered(self) -> None:
+        """Redis answered: end the outage, if there was one, with one log line."""
+        if self._outage:
+            with self._lock:
+                ended, self._outage = self._outage, False
+            if ended:
+                logger.warning("Redis cache %r reachable again", self.alias)
 
     # ------------------------------------------------------------------ reads
 
@@ -259,6 +270,7 @@ class MemoryCache:
         except Exception as exc:
             self._failed(exc)
             return False
+        self._answered()
         return True
 
     def _put(
@@ -339,6 +351,7 @@ class MemoryCache:
         except Exception as exc:
             self._failed(exc)
             return
+        self._answered()
         self.count("fence_renewals")
 
     # ------------------------------------------------------------------ encoding

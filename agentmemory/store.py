@@ -25,6 +25,9 @@ from .records import MemoryRecord, MemoryVersionRecord
 from .vendors import Transient, classify, insert_if_missing
 
 T = TypeVar("T")
+#: How long a cache miss waits for the reader holding the key's fill lease before it reads the
+#: database itself (a lease holder that died costs its followers at most this).
+HOT_KEY_WAIT_SECONDS = 0.25
 _CACHE_FROM_SETTINGS: Any = object()
 
 
@@ -263,13 +266,14 @@ class MemoryStore:
         cache = self.cache
         assert cache is not None
         reads = cache.read(session_id, keys)
-        for _ in range(3):
-            # Another reader holds the fill lease of a hot key: give its fill a moment rather
-            # than sending every concurrent miss to the database.
-            busy = [k for k, r in reads.items() if r.trusted and not r.hit and r.lease is None]
-            if not busy:
+        # Another reader holds the fill lease of a hot key: wait (briefly, backing off) for its
+        # fill rather than sending every concurrent miss to the database.
+        deadline, pause = time.monotonic() + HOT_KEY_WAIT_SECONDS, 0.002
+        while busy := [k for k, r in reads.items() if r.trusted and not r.hit and r.lease is None]:
+            if time.monotonic() + pause > deadline:
                 break
-            time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.025)
             reads.update(cache.read(session_id, busy))
         found = {k: r.record for k, r in reads.items() if r.hit and r.record is not None}
         missing = [k for k in keys if k not in reads or not reads[k].hit]
