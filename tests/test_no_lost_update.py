@@ -34,15 +34,22 @@ def test_concurrent_writers_on_one_key_never_lose_an_update(store):
     assert stored == {(w, i) for w in range(8) for i in range(200)}
 
 
-def test_concurrent_updates_keep_every_append_exactly_once(store):
+def append_concurrently(store, workers, appends):
+    """`workers` threads each append `appends` items to ("s", "list") through update(fn);
+    returns the final list."""
+
     def appender(worker):
-        for i in range(25):
+        for i in range(appends):
             store.update(
                 "s", "list", lambda items, item=f"{worker}-{i}": [*items, item], default=[]
             )
 
-    run_threads(appender, 8)
-    items = store.recall("s", "list").value
+    run_threads(appender, workers)
+    return store.recall("s", "list").value
+
+
+def test_concurrent_updates_keep_every_append_exactly_once(store):
+    items = append_concurrently(store, 8, 25)
     assert sorted(items) == sorted(f"{w}-{i}" for w in range(8) for i in range(25))
     assert_linear(store, "s", "list", 200)
 
@@ -50,15 +57,7 @@ def test_concurrent_updates_keep_every_append_exactly_once(store):
 def test_unlocked_read_then_write_loses_updates():
     """The same appends through an unlocked read-then-write lose elements: the check above can fail."""
     unlocked = UnlockedMemoryStore(cache=None)
-
-    def appender(worker):
-        for i in range(10):
-            unlocked.update(
-                "s", "list", lambda items, item=f"{worker}-{i}": [*items, item], default=[]
-            )
-
-    run_threads(appender, 8)
-    items = unlocked.recall("s", "list").value
+    items = append_concurrently(unlocked, 8, 10)
     assert len(items) < 80, "without the row lock some appends must be lost"
     assert len(unlocked.history("s", "list")) == 80  # the versions alone look perfect
 
