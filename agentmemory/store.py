@@ -77,6 +77,14 @@ class MemoryStore:
         #: Transient errors absorbed by retries, by kind; read by memcheck and the benchmarks.
         self.retries: Counter[str] = Counter()
         self._retries_lock = threading.Lock()
+        self._local = threading.local()
+
+    @property
+    def last_read_source(self) -> str | None:
+        """Where this thread's last ``recall``/``recall_many`` was answered from: ``"cache"``
+        (every key from Redis) or ``"database"``; None before the first read. For diagnostics
+        and memcheck's histories."""
+        return getattr(self._local, "source", None)
 
     def __repr__(self) -> str:
         return f"<MemoryStore using={self.using!r} cache={self.cache_alias!r}>"
@@ -223,7 +231,7 @@ class MemoryStore:
         session_id, key = self._check_ids(session_id, key)
         if version is not None:
             version = validation.check_version("version", version, minimum=1)
-            return self._recall_version(session_id, key, version)
+            return self._reading(lambda: self._recall_version(session_id, key, version))
         return self.recall_many(session_id, [key]).get(key)
 
     def recall_many(
@@ -240,7 +248,7 @@ class MemoryStore:
                 raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
             wanted = sorted({validation.check_key(k) for k in keys})
             if self.cache is not None:
-                return self._recall_cached(session_id, wanted)
+                return self._reading(lambda: self._recall_cached(session_id, wanted))
             rows = rows.filter(key__in=wanted)
         elif prefix is not None:
             if not isinstance(prefix, str) or len(prefix) > validation.KEY_MAX:
@@ -248,6 +256,12 @@ class MemoryStore:
                     "prefix", f"must be a str of at most {validation.KEY_MAX} characters"
                 )
             rows = rows.filter(key__startswith=prefix)
+        self._local.source = "database"
+        return self._reading(lambda: self._recall_rows(session_id, rows, prefix))
+
+    def _recall_rows(
+        self, session_id: str, rows: Any, prefix: str | None
+    ) -> dict[str, MemoryRecord]:
         now = clock.now()
         found = {}
         for key, value, version, created, updated, expires in rows.values_list(
@@ -277,6 +291,7 @@ class MemoryStore:
             reads.update(cache.read(session_id, busy))
         found = {k: r.record for k, r in reads.items() if r.hit and r.record is not None}
         missing = [k for k in keys if k not in reads or not reads[k].hit]
+        self._local.source = "database" if missing else "cache"
         if not missing:
             return found
         now = clock.now()
@@ -321,7 +336,7 @@ class MemoryStore:
             .order_by("version")
             .values_list("version", "op", "value", "created_at", "expires_at")
         )
-        return [MemoryVersionRecord(*row) for row in rows]
+        return self._reading(lambda: [MemoryVersionRecord(*row) for row in rows])
 
     # ------------------------------------------------------------------ async twins
 
@@ -538,18 +553,29 @@ class MemoryStore:
         """Run ``work(retry)`` in ``transaction.atomic``, retrying the whole transaction on transient
         errors. Inside a caller's own transaction nothing can be retried (the server rolled the
         whole transaction back), so the error propagates for the caller to retry."""
+
+        def attempt(retry: bool) -> T:
+            with transaction.atomic(using=self.using):
+                return work(retry)
+
+        return self._retrying(attempt)
+
+    def _reading(self, work: Callable[[], T]) -> T:
+        """Run a read, retried like a write when its connection drops or a lock times out (a
+        connection killed between two calls fails the next one, whichever it is)."""
+        return self._retrying(lambda _retry: work())
+
+    def _retrying(self, attempt: Callable[[bool], T]) -> T:
         connection = connections[self.using]
         if connection.in_atomic_block:
-            with transaction.atomic(using=self.using):
-                return work(False)
+            return attempt(False)
         error: BaseException | None = None
-        for attempt in range(self._attempts):
-            if attempt:
-                ceiling = min(self._max_delay, self._base_delay * 2**attempt)
+        for number in range(self._attempts):
+            if number:
+                ceiling = min(self._max_delay, self._base_delay * 2**number)
                 time.sleep(random.uniform(0, ceiling))
             try:
-                with transaction.atomic(using=self.using):
-                    return work(attempt > 0)
+                return attempt(number > 0)
             except DatabaseError as exc:
                 kind = classify(exc)
                 if kind is None:

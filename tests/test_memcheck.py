@@ -1,11 +1,16 @@
 """manage.py memcheck: exit 0 on the locked path, 1 with counterexamples on the unlocked one."""
 
 import json
+import re
+from collections import Counter
 
 import pytest
 from django.core.management import call_command
 
+from agentmemory import clock
 from agentmemory.models import Memory
+
+from .conftest import redis_alias
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,8 +48,13 @@ def test_memcheck_json_report(tmp_path):
     history = tmp_path / "history.jsonl"
     code, out = run("--ops", "200", "--format", "json", "--history", str(history))
     report = json.loads(out)
-    assert code == 0 and report["anomalies"] == [] and report["operations"] == 200
-    assert len(history.read_text().splitlines()) == 200
+    ops = [json.loads(line) for line in history.read_text().splitlines()]
+    assert code == 0 and report["anomalies"] == [] and report["operations"] == len(ops)
+    # 200 by the workers, then two rounds of final reads of every key (3 sessions x 9 keys).
+    assert sum(op["client"] != "final" for op in ops) == 200
+    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 9
+    assert set(report["latency_ms"]) >= {"recall", "remember", "append"}
+    assert {"p50", "p95", "p99"} <= set(report["latency_ms"]["recall"])
 
 
 def test_memcheck_with_processes():
@@ -53,6 +63,7 @@ def test_memcheck_with_processes():
 
 
 def test_memcheck_audit_finds_a_planted_gap(store):
+    redis_alias()  # empties Redis: a cache-less store writing behind its back would diverge
     store.remember("s", "k", 1)
     store.remember("s", "k", 2)
     code, out = run("--audit")
@@ -70,3 +81,125 @@ def test_memcheck_unknown_database_exits_2():
     with pytest.raises(CommandError) as info:
         call_command("memcheck", "--database", "nope")
     assert info.value.returncode == 2
+
+
+def run_json(*args):
+    code, out = run(*args, "--format", "json")
+    return code, json.loads(out) if out.strip().startswith("{") else out
+
+
+def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
+    redis_alias()
+    code, report = run_json("--faults", "all", "--seconds", "8", "--workers", "6")
+    assert code == 0, report
+    injected = report["faults"]["injected"]
+    expected = {"db-lock", "cache-kill", "cache-pause"} | (
+        {"db-kill"} if vendor != "sqlite" else set()
+    )
+    assert set(injected) == expected and all(n >= 1 for n in injected.values()), report["faults"]
+    assert report["faults"]["errors"] == []
+    # The final reads after healing are in the history and were checked.
+    assert report["counts"]["recall"]["ok"] > 0
+
+
+def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(monkeypatch, vendor):
+    """The kill fault bites: with reconnect-and-retry switched off, callers see the errors."""
+    import agentmemory.store as store_module
+    from agentmemory.vendors import Transient, classify
+
+    def no_disconnect_retry(exc):
+        kind = classify(exc)
+        return None if kind is Transient.DISCONNECT else kind
+
+    monkeypatch.setattr(store_module, "classify", no_disconnect_retry)
+    code, report = run_json("--faults", "db", "--seconds", "6", "--workers", "6")
+    if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
+        assert code == 0 and set(report["faults"]["injected"]) == {"db-lock"}, report
+        return
+    assert code == 1, report
+    assert report["faults"]["injected"].get("db-kill", 0) >= 1
+    assert any(a["check"] == "caller-error" for a in report["anomalies"]), report["anomalies"][:3]
+
+
+def test_cache_faults_catch_a_cache_tier_without_its_fence(monkeypatch):
+    """The Redis faults bite: if a writer that could not update Redis neither records the key nor
+    waits out the fence, readers are served stale versions after the pause -- and memcheck says so."""
+    from agentmemory.cache import MemoryCache
+
+    redis_alias()
+    monkeypatch.setattr(MemoryCache, "_record_pending", lambda self, session_id, keys: None)
+    found = Counter()
+    for seed in range(3):
+        code, report = run_json("--faults", "cache", "--ops", "2000", "--seed", str(seed))
+        found.update(a["check"] for a in report["anomalies"])
+        if found["stale-read"]:
+            break
+    assert code == 1 and found["stale-read"] >= 1, found
+
+
+def test_faults_refuse_servers_that_are_not_on_this_machine(settings):
+    from agentmemory.cache import MemoryCache
+    from agentmemory.consistency.faults import FaultsUnavailable, fault_kinds
+
+    with pytest.raises(FaultsUnavailable, match="AGENTMEMORY\\['CACHE'\\] is not set"):
+        fault_kinds("cache", "default", None)
+    settings.CACHES = {
+        **settings.CACHES,
+        "remote": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://10.255.255.1:6379/0",
+        },
+    }
+    with pytest.raises(FaultsUnavailable, match=re.escape("on '10.255.255.1'")):
+        fault_kinds("cache", "default", MemoryCache("remote", "default"))
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="use --faults db") as info:
+        call_command("memcheck", "--faults", "cache", "--unsafe")
+    assert info.value.returncode == 2
+
+
+def test_memcheck_workloads_can_be_chosen(tmp_path):
+    history = tmp_path / "h.jsonl"
+    code, report = run_json("--workloads", "list", "--ops", "200", "--history", str(history))
+    assert code == 0, report
+    kinds = {json.loads(line)["kind"] for line in history.read_text().splitlines()}
+    assert kinds == {"append", "recall"}
+    sessions = {json.loads(line)["session_id"] for line in history.read_text().splitlines()}
+    assert len(sessions) == 1  # no isolation workload: one session
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="unknown workload"):
+        call_command("memcheck", "--workloads", "list,bogus")
+
+
+def test_the_history_records_where_each_read_came_from(tmp_path):
+    redis_alias()
+    history = tmp_path / "h.jsonl"
+    code, _ = run("--ops", "400", "--history", str(history))
+    sources = Counter(
+        op["source"]
+        for op in map(json.loads, history.read_text().splitlines())
+        if op["kind"] == "recall" and op["status"] == "ok"
+    )
+    assert code == 0 and sources["cache"] > 0 and sources["database"] > 0, sources
+
+
+def test_audit_finds_a_diverging_cache_entry_and_an_unpurged_expired_row(store):
+    redis_alias()
+    if store.cache is None:
+        store.remember("s", "k", 1, ttl=60)
+        clock.advance(2 * 3600)
+        code, out = run("--audit")
+        assert code == 1 and "expired-live-row" in out and "purge_expired" in out
+        code, out = run("--audit", "--grace", "86400")
+        assert code == 0, out
+        return
+    store.remember("s", "k", 1)
+    store.remember("s", "k", 2)
+    assert store.recall("s", "k").version == 2
+    code, out = run("--audit")
+    assert code == 0, out
+    store.cache._client().set(store.cache.entry_key("s", "k"), "1|planted")
+    code, out = run("--audit")
+    assert code == 1 and "cache-divergence" in out and "Redis holds v1, the database v2" in out

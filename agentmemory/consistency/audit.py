@@ -1,18 +1,39 @@
-"""Read-only audit of the data already stored: the invariants any history must satisfy."""
+"""Read-only audit of the data already stored: the invariants any history must satisfy.
+
+It never writes -- not to the database, not to Redis (entries are read with a plain ``MGET``, no
+fill lease is taken) -- so it can run against production."""
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+from typing import Any
+
 from django.db.models import Count
 
-from ..models import Memory
-from .checker import Anomaly, audit_key, duplicate_rows, load_state
+from .. import clock
+from ..models import Memory, MemoryState, PendingInvalidation
+from .checker import Anomaly, StoredKey, audit_key, cache_divergence, duplicate_rows, load_state
 
 BATCH = 500
+#: Live rows whose TTL passed longer ago than this are reported: ``purge_expired`` is not running.
+DEFAULT_GRACE_SECONDS = 3600
+#: A cache entry that differs from the database is read again after this long before it is
+#: reported: a write committing between the two reads is not a divergence.
+RECHECK_SECONDS = 0.2
 
 
-def audit(using: str, session_id: str | None = None) -> tuple[int, list[Anomaly]]:
+def audit(
+    using: str,
+    session_id: str | None = None,
+    *,
+    cache: Any = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> tuple[int, list[Anomaly]]:
     """Check every memory (or one session's): contiguous versions, live row == newest version,
-    one row per key. Returns (memories audited, anomalies)."""
+    one row per key, no live row expired longer than ``grace_seconds`` ago, and -- with ``cache``
+    (a :class:`~agentmemory.cache.MemoryCache`) -- no Redis entry at another version than the
+    database's. Returns (memories audited, anomalies)."""
     rows = Memory.objects.using(using)
     if session_id is not None:
         rows = rows.filter(session_id=session_id)
@@ -24,7 +45,51 @@ def audit(using: str, session_id: str | None = None) -> tuple[int, list[Anomaly]
     for start in range(0, len(sessions), BATCH):
         chunk = sessions[start : start + BATCH]
         anomalies += duplicate_rows(using, chunk)
-        for (sid, key), stored in sorted(load_state(using, chunk).items()):
+        state = load_state(using, chunk)
+        for (sid, key), stored in sorted(state.items()):
             audited += 1
             anomalies += audit_key(sid, key, stored)
+        if cache is not None:
+            anomalies += _cache_audit(using, cache, chunk, state)
+    anomalies += _expired_live_rows(rows, grace_seconds)
     return audited, anomalies
+
+
+def _expired_live_rows(rows: Any, grace_seconds: float) -> list[Anomaly]:
+    cutoff = clock.now() - timedelta(seconds=grace_seconds)
+    overdue = rows.filter(state=MemoryState.LIVE, expires_at__lt=cutoff).order_by("expires_at")
+    return [
+        Anomaly(
+            "expired-live-row",
+            sid,
+            key,
+            f"v{version} expired at {expires.isoformat()} and is still a live row "
+            f"(more than {grace_seconds:g}s ago): is purge_expired running?",
+        )
+        for sid, key, version, expires in overdue.values_list(
+            "session_id", "key", "version", "expires_at"
+        )[:1000]
+    ]
+
+
+def _cache_audit(
+    using: str, cache: Any, sessions: list[str], state: dict[tuple[str, str], StoredKey]
+) -> list[Anomaly]:
+    """Entries at another version than the database's, confirmed by a second look (database and
+    Redis read again) so that a write landing between the two reads is not reported. Keys with a
+    pending invalidation are known to be behind and are never served: they are skipped."""
+    suspects = cache_divergence(cache, state)
+    if not suspects:
+        return []
+    time.sleep(RECHECK_SECONDS)
+    pending = set(
+        PendingInvalidation.objects.using(using)
+        .filter(session_id__in=sessions)
+        .values_list("session_id", "key")
+    )
+    again = load_state(using, sorted({a.session_id for a in suspects}))
+    suspected = {(a.session_id, a.key) for a in suspects}
+    confirmed = cache_divergence(
+        cache, {pair: stored for pair, stored in again.items() if pair in suspected}
+    )
+    return [a for a in confirmed if (a.session_id, a.key) not in pending]

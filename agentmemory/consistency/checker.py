@@ -25,8 +25,11 @@ CHECKS = {
     "phantom-write": "every stored version was written by an acknowledged or indeterminate call",
     "cas-violation": "a compare-and-set write landed right after the version it expected",
     "list-order": "every list read is a prefix of the final list, holding each acknowledged append once",
+    "idempotent-retry": "a write sent again with its idempotency key answers as the first call did",
+    "aborted-read": "no read returns the value of a write that failed",
     "garbage-read": "every read returns a value some write stored as that version",
     "stale-read": "no read returns older than a version acknowledged before the read began",
+    "non-monotonic-read": "a client's reads of a key never go back to an older version",
     "cross-session-read": "no read returns another session's or key's value",
     "expired-read": "no read returns a memory whose TTL had passed when the read began",
     "caller-error": "no error other than VersionConflict/MemoryUnavailable reaches a caller",
@@ -179,6 +182,7 @@ def _brief(op: Operation) -> dict[str, Any]:
         "version": op.version,
         "value": token_of(op.value) if op.is_write else token_of(op.result),
         "error": op.error,
+        "source": op.source,
     }
 
 
@@ -207,6 +211,8 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
             writers[op.token] = op
         if op.status == "info" and not (op.error or "").startswith("MemoryUnavailable"):
             report("caller-error", f"{op.kind} raised {op.error}", op)
+        if op.status == "fail" and (op.error or "").startswith("IdempotencyBroken"):
+            report("idempotent-retry", f"{op.error}", op)
 
     # Writes: each acknowledged one is exactly one version, holding its value.
     acked_at: dict[int, list[Operation]] = defaultdict(list)
@@ -250,7 +256,8 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
         seen_tokens[token or ""] = stored_version.version
 
     _check_lists(key, ops, stored, report)
-    _check_reads(session_id, key, ops, by_version, report)
+    _check_reads(session_id, key, ops, by_version, writers, report)
+    _check_monotonic(ops, report)
     return found
 
 
@@ -297,6 +304,7 @@ def _check_reads(
     key: str,
     ops: list[Operation],
     by_version: dict[int, StoredVersion],
+    writers: dict[str, Operation],
     report: Any,
 ) -> None:
     # Versions acknowledged so far, in completion order, to find the newest one a read must see.
@@ -324,6 +332,14 @@ def _check_reads(
                 f"read of ({session_id!r}, {key!r}) returned a value of ({value.get('s')!r}, {value.get('k')!r})",
                 op,
             )
+        writer = writers.get(token_of(value) or "")
+        if writer is not None and writer.status == "fail":
+            report(
+                "aborted-read",
+                f"read returned v{op.version} = {token_of(value)}, written by a call that failed",
+                op,
+                writer,
+            )
         stored_version = by_version.get(op.version or 0)
         if stored_version is None or stored_version.value != value:
             report(
@@ -343,6 +359,25 @@ def _check_reads(
                 f"read returned v{op.version}, expired {op.invoked_at - op.expires_at:.3f}s before the read began",
                 op,
             )
+
+
+def _check_monotonic(ops: list[Operation], report: Any) -> None:
+    """Per client: the versions its successful reads return never decrease (ops are sorted by
+    invocation, and one client runs one operation at a time)."""
+    newest: dict[str, Operation] = {}
+    for op in ops:
+        if op.kind != "recall" or op.status != "ok" or op.version is None:
+            continue
+        before = newest.get(op.client)
+        if before is not None and op.version < (before.version or 0):
+            report(
+                "non-monotonic-read",
+                f"client {op.client} read v{before.version}, then v{op.version}",
+                before,
+                op,
+            )
+        if before is None or op.version > (before.version or 0):
+            newest[op.client] = op
 
 
 def _absent_during(by_version: dict[int, StoredVersion], floor: int, read: Operation) -> bool:

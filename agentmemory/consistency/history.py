@@ -33,6 +33,7 @@ class Operation:
     result: Any = None  # the value read
     expires_at: float | None = None  # of the record written or read
     error: str | None = None
+    source: str | None = None  # of a read: "cache" or "database"
 
     @property
     def is_write(self) -> bool:

@@ -23,11 +23,25 @@ def render_text(result: RunResult) -> str:
         f"  {data['operations']} operations by {result.config.workers} workers in {data['seconds']}s "
         f"({data['ops_per_second']} ops/s); retries absorbed by the store: {result.retries or 'none'}",
         f"  cache tier: {', '.join(f'{k} {v}' for k, v in sorted(result.cache_stats.items())) or 'off'}",
+        f"  faults ({result.faults}): "
+        + (
+            ", ".join(f"{k} {v}" for k, v in sorted(result.faults_injected.items()))
+            or ("none injected" if result.faults != "none" else "off")
+        )
+        + (f"; {len(result.fault_errors)} could not be injected" if result.fault_errors else ""),
         "",
-        f"  {'operation':<10} {'ok':>7} {'fail':>7} {'info':>7}",
+        f"  {'operation':<10} {'ok':>7} {'fail':>7} {'info':>7} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'max ms':>8}",
     ]
+    latencies = result.latencies
     for kind, counts in sorted(result.counts.items()):
-        lines.append(f"  {kind:<10} {counts['ok']:>7} {counts['fail']:>7} {counts['info']:>7}")
+        lat = latencies.get(kind, {})
+        lines.append(
+            f"  {kind:<10} {counts['ok']:>7} {counts['fail']:>7} {counts['info']:>7} "
+            + " ".join(f"{lat.get(q, 0):>8.1f}" for q in ("p50", "p95", "p99", "max"))
+        )
+    for error in result.fault_errors[:5]:
+        lines.append(f"  fault not injected: {error}")
     found = Counter(a.check for a in result.anomalies)
     lines += ["", f"  {'check':<19} {'result':<8} what it proves"]
     for check, meaning in CHECKS.items():

@@ -1,9 +1,14 @@
 """Concurrent workloads that record a :class:`History` while they hammer a few hot keys.
 
-Keys come in three families in each of three look-alike sessions (``…-a``, ``…-a%``, ``…-a_``):
-``reg-N`` (remember, compare-and-set, idempotent retries, forget, recall), ``list-N`` (appends
-through ``update(fn)``: every read reveals the whole order) and ``ttl-N`` (short TTLs, reads around
-expiry). Every value written embeds its op id, session and key, so every read maps to one write.
+Five workloads, all on by default (``WorkloadConfig.workloads``):
+
+- ``register``: keys ``reg-N`` -- remember, compare-and-set, forget, recall;
+- ``list``: keys ``list-N`` -- appends through ``update(fn)``; every read reveals the whole order;
+- ``ttl``: keys ``ttl-N`` -- writes with short TTLs, reads around expiry;
+- ``isolation``: every key in three look-alike sessions (``…-a``, ``…-a%``, ``…-a_``) at once;
+- ``idempotent``: a register write sent twice with one idempotency key, as after a timeout.
+
+Every value written embeds its op id, session and key, so every read maps to one write.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ from django.db import connections
 from .. import clock
 from ..errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from ..store import MemoryStore
+from .faults import WORKER_THREAD_PREFIX
 from .history import History, Operation
 
 SESSION_SUFFIXES = ("a", "a%", "a_")
+WORKLOADS = ("register", "list", "ttl", "isolation", "idempotent")
+#: Key families and their share of the operations.
+FAMILIES = {"register": ("reg", 5), "list": ("list", 3), "ttl": ("ttl", 2)}
 
 
 @dataclass
@@ -35,14 +44,37 @@ class WorkloadConfig:
     seconds: float | None = None
     seed: int = 0
     ttl: float = 0.15  # seconds: short enough that reads land on both sides of expiry
+    workloads: tuple[str, ...] = WORKLOADS
+
+    def __post_init__(self) -> None:
+        self.workloads = tuple(self.workloads)
+        unknown = sorted(set(self.workloads) - set(WORKLOADS))
+        if unknown:
+            raise ValueError(
+                f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}"
+            )
+        if not set(self.workloads) & set(FAMILIES):
+            raise ValueError("choose at least one of the workloads register, list, ttl")
+
+    @property
+    def families(self) -> tuple[list[str], list[int]]:
+        chosen = [FAMILIES[w] for w in WORKLOADS if w in FAMILIES and w in self.workloads]
+        return [name for name, _ in chosen], [weight for _, weight in chosen]
+
+
+class IdempotencyBroken(Exception):
+    """An idempotent retry answered differently from the first call."""
 
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:10]
 
 
-def session_ids(run_id: str) -> list[str]:
-    return [f"memcheck-{run_id}-{suffix}" for suffix in SESSION_SUFFIXES]
+def session_ids(run_id: str, config: WorkloadConfig | None = None) -> list[str]:
+    suffixes = SESSION_SUFFIXES
+    if config is not None and "isolation" not in config.workloads:
+        suffixes = suffixes[:1]
+    return [f"memcheck-{run_id}-{suffix}" for suffix in suffixes]
 
 
 def _stamp() -> float:
@@ -74,7 +106,8 @@ def _client(
     progress: Callable[[], None] | None,
 ) -> None:
     rng = random.Random(f"{config.seed}-{name}")
-    sessions = session_ids(run_id)
+    sessions = session_ids(run_id, config)
+    families, weights = config.families
     start.wait()
     counter = 0
     try:
@@ -82,7 +115,7 @@ def _client(
             counter += 1
             op_id = f"{name}-{counter}"
             session_id = rng.choice(sessions)
-            family = rng.choices(("reg", "list", "ttl"), weights=(5, 3, 2))[0]
+            family = rng.choices(families, weights=weights)[0]
             key = f"{family}-{rng.randrange(config.keys)}"
             out.append(_one_op(store, rng, op_id, name, session_id, family, key, config))
             if progress:
@@ -100,53 +133,69 @@ def _one_op(
     family: str,
     key: str,
     config: WorkloadConfig,
+    kind: str | None = None,
 ) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key}
     roll = rng.random()
-    op = Operation(op_id, client, "recall", session_id, key, invoked_at=0.0)
+    if kind is not None:
+        pass
+    elif roll < 0.4:
+        kind = "recall"
+    elif family in ("list", "ttl"):
+        kind = "append" if family == "list" else "ttl-write"
+    else:
+        kind = "remember" if roll < 0.65 else "cas" if roll < 0.85 else "retry"
+        if roll >= 0.95:
+            kind = "forget"
+        elif kind == "retry" and "idempotent" not in config.workloads:
+            kind = "remember"
+    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0)
+    if kind != "recall" and kind != "forget":
+        op.value = token
     call: Callable[[], Any]
-    if roll < 0.4:
-        call = lambda: store.recall(session_id, key)
-    elif family == "list":
-        op.kind, op.value = "append", token
+    if kind == "recall":
+
+        def call() -> Any:
+            found = store.recall(session_id, key)
+            op.source = store.last_read_source
+            return found
+
+    elif kind == "append":
         call = lambda: store.update(
             session_id, key, lambda items: [*(items or []), token], default=[]
         )
-    elif family == "ttl":
-        op.kind, op.value = "ttl-write", token
+    elif kind == "ttl-write":
         call = lambda: store.remember(session_id, key, token, ttl=config.ttl)
-    elif roll < 0.65:
-        op.kind, op.value = "remember", token
+    elif kind == "remember":
         call = lambda: store.remember(session_id, key, token)
-    elif roll < 0.85:
-        op.kind, op.value = "cas", token
+    elif kind == "cas":
 
         def call() -> Any:
             seen = store.recall(session_id, key)
             op.expected_version = seen.version if seen else 0
             return store.remember(session_id, key, token, expected_version=op.expected_version)
 
-    elif roll < 0.95:
+    elif kind == "retry":
         # The same write sent twice, as a client does after a timeout: one version, not two.
-        op.kind, op.value, op.idempotency_key = "retry", token, op_id
+        op.idempotency_key = op_id
 
         def call() -> Any:
             first = store.remember(session_id, key, token, idempotency_key=op_id)
             second = store.remember(session_id, key, token, idempotency_key=op_id)
             if (first.version, first.value) != (second.version, second.value):
-                raise AssertionError(
-                    f"idempotent retry returned v{second.version}, first call v{first.version}"
+                raise IdempotencyBroken(
+                    f"the retry returned v{second.version}, the first call v{first.version}"
                 )
             return first
+
     else:
-        op.kind = "forget"
         call = lambda: store.forget(session_id, key)
     op.invoked_at = _stamp()
     try:
         result = call()
     except VersionConflict as exc:
         op.status, op.error, op.version = "fail", "VersionConflict", exc.actual
-    except (InvalidMemory, AssertionError) as exc:
+    except (InvalidMemory, IdempotencyBroken) as exc:
         op.status, op.error = "fail", f"{type(exc).__name__}: {exc}"
     except MemoryUnavailable as exc:
         op.status, op.error = "info", f"MemoryUnavailable: {exc}"
@@ -188,6 +237,7 @@ def run_workload(
                 start,
                 progress,
             ),
+            name=f"{WORKER_THREAD_PREFIX}{client_prefix}{i}",
             daemon=True,
         )
         for i in range(config.workers)
@@ -200,3 +250,25 @@ def run_workload(
     for ops in outputs:
         history.extend(ops)
     return history
+
+
+def final_reads(store: MemoryStore, run_id: str, config: WorkloadConfig, history: History) -> None:
+    """Once the workload and the faults have stopped: read every key of every session, twice
+    (the first pass lets the cache tier replay what an outage left pending), and record the reads
+    in ``history`` -- after healing, every read must see the last acknowledged write."""
+    if store.cache is not None:
+        deadline = time.monotonic() + 2 * store.cache.fence_seconds
+        while not store.cache.available and time.monotonic() < deadline:
+            time.sleep(0.05)
+    families, _ = config.families
+    rng = random.Random(0)
+    for round_ in (1, 2):
+        for index, session_id in enumerate(session_ids(run_id, config)):
+            for family in families:
+                for n in range(config.keys):
+                    key = f"{family}-{n}"
+                    op_id = f"final{round_}-{index}-{key}"
+                    op = _one_op(
+                        store, rng, op_id, "final", session_id, family, key, config, "recall"
+                    )
+                    history.extend([op])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -10,12 +11,23 @@ from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from ...conf import get_config
-from ...consistency.audit import audit
+from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
+from ...consistency.faults import FAULTS, FaultsUnavailable
 from ...consistency.report import render_json, render_text
 from ...consistency.runner import Progress, run_memcheck
-from ...consistency.workloads import WorkloadConfig
+from ...consistency.workloads import WORKLOADS, WorkloadConfig
 from ...errors import MemoryUnavailable
 from ...models import Memory
+from ...store import MemoryStore
+
+
+def workload_list(text: str) -> tuple[str, ...]:
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    try:
+        WorkloadConfig(workloads=chosen)
+    except ValueError as exc:  # argparse shows this message, naming the option
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return chosen
 
 
 def positive(text: str) -> int:
@@ -50,7 +62,20 @@ class Command(BaseCommand):
             "--ops", type=positive, default=None, help="total operations (default 2000)"
         )
         budget.add_argument("--seconds", type=float, default=None, help="run for S seconds instead")
-        parser.add_argument("--faults", choices=["none", "db", "cache", "all"], default="none")
+        parser.add_argument(
+            "--faults",
+            choices=list(FAULTS),
+            default="none",
+            help="inject faults while the workload runs (servers on this machine only): db = kill "
+            "connections server-side and hold competing locks; cache = CLIENT KILL and CLIENT "
+            "PAUSE on Redis; all = both",
+        )
+        parser.add_argument(
+            "--workloads",
+            type=workload_list,
+            default=WORKLOADS,
+            help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)",
+        )
         parser.add_argument(
             "--unsafe",
             action="store_true",
@@ -58,6 +83,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--audit", action="store_true", help="only check the data already stored, read-only"
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=DEFAULT_GRACE_SECONDS,
+            metavar="SECONDS",
+            help="--audit reports live rows expired longer ago than this (default: %(default)s)",
         )
         parser.add_argument("--format", choices=["text", "json"], default="text")
         parser.add_argument("--seed", type=int, default=0)
@@ -72,10 +104,6 @@ class Command(BaseCommand):
         database = options["database"] or get_config()["DATABASE"]
         if database not in connections.settings:
             raise CommandError(f"unknown database alias {database!r}", returncode=2)
-        if options["faults"] != "none":
-            raise CommandError(
-                "--faults db|cache|all is not available yet; run with --faults none", returncode=2
-            )
         try:
             executor = MigrationExecutor(connections[database])
             unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes("agentmemory"))
@@ -94,13 +122,14 @@ class Command(BaseCommand):
                 returncode=2,
             ) from exc
         if options["audit"]:
-            return self._audit(database, options["format"])
+            return self._audit(database, options["format"], options["grace"])
         config = WorkloadConfig(
             workers=options["workers"],
             keys=options["keys"],
             seed=options["seed"],
             ops=options["ops"] if options["ops"] or options["seconds"] else 2000,
             seconds=options["seconds"],
+            workloads=options["workloads"],
         )
         try:
             with Progress(config.ops, config.seconds, stream=self.stderr._out) as progress:
@@ -110,8 +139,11 @@ class Command(BaseCommand):
                     processes=options["processes"],
                     unsafe=options["unsafe"],
                     keep=options["keep"],
+                    faults=options["faults"],
                     progress=progress,
                 )
+        except FaultsUnavailable as exc:
+            raise CommandError(str(exc), returncode=2) from exc
         except (DatabaseError, MemoryUnavailable) as exc:
             raise CommandError(
                 f"memcheck could not run on {database!r}: {exc}", returncode=2
@@ -124,8 +156,9 @@ class Command(BaseCommand):
         if result.anomalies:
             raise SystemExit(1)
 
-    def _audit(self, database: str, fmt: str) -> None:
-        audited, anomalies = audit(database)
+    def _audit(self, database: str, fmt: str, grace: float) -> None:
+        cache = MemoryStore(using=database).cache
+        audited, anomalies = audit(database, cache=cache, grace_seconds=grace)
         if fmt == "json":
             self.stdout.write(
                 json.dumps(
@@ -136,7 +169,9 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(
-                f"memcheck --audit on {database!r}: {audited} memories, {len(anomalies)} anomalies"
+                f"memcheck --audit on {database!r}"
+                + (f" and cache {cache.alias!r}" if cache is not None else "")
+                + f": {audited} memories, {len(anomalies)} anomalies"
             )
             for anomaly in anomalies[:50]:
                 self.stdout.write(

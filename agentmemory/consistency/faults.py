@@ -1,0 +1,240 @@
+"""memcheck's nemesis: faults injected on a schedule while the workload runs, then healed.
+
+Four kinds, on servers of this machine only (loopback), so a memcheck run can never disturb a
+remote server:
+
+* ``db-kill``: kill one of the workload's database connections server-side (``KILL CONNECTION`` on
+  MySQL/MariaDB/TiDB, ``pg_terminate_backend`` on PostgreSQL), whatever it is doing -- usually in
+  the middle of a transaction. Not on SQLite, which has no server.
+* ``db-lock``: hold the row locks of one session's hot keys (``SELECT ... FOR UPDATE``) longer than
+  the workers' lock wait (memcheck lowers it to one second on its own connections): writers time
+  out (1205, 55P03) and must retry. On SQLite it holds the database's write lock
+  (``BEGIN IMMEDIATE``) for as long: writers queue behind it within their busy timeout (a shorter
+  busy timeout makes SQLite's unfair busy handler starve writers for seconds).
+* ``cache-kill``: close the store's Redis connections server-side (``CLIENT KILL ADDR``).
+* ``cache-pause``: ``CLIENT PAUSE`` Redis for longer than the client's socket timeout: every cache
+  call in flight times out, and Redis comes back later with whatever it held.
+
+Kills are per process (each process knows its own connections); locks and pauses affect the
+whole server, so only the parent process injects them.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from django.db.backends.signals import connection_created
+
+from ..models import Memory
+from ..vendors import flavor
+
+DB_FAULTS = ("db-kill", "db-lock")
+CACHE_FAULTS = ("cache-kill", "cache-pause")
+FAULTS = {"none": (), "db": DB_FAULTS, "cache": CACHE_FAULTS, "all": DB_FAULTS + CACHE_FAULTS}
+#: The faults one process can inject on its own connections; the others affect the whole server.
+LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
+#: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
+WORKER_THREAD_PREFIX = "memcheck-client-"
+LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1"})
+
+LOCK_WAIT_SECONDS = 1
+LOCK_HOLD_SECONDS = 1.2
+PAUSE_SECONDS = 0.6
+
+
+class FaultsUnavailable(Exception):
+    """The requested faults cannot run against this configuration (the reason is the message)."""
+
+
+def fault_kinds(mode: str, database: str, cache: Any) -> tuple[str, ...]:
+    """The faults ``--faults mode`` injects here; raises :class:`FaultsUnavailable` for a server
+    that is not on this machine, or for cache faults without a cache tier."""
+    kinds = FAULTS[mode]
+    connection = connections[database]
+    if any(k.startswith("db-") for k in kinds) and connection.vendor != "sqlite":
+        host = str(connection.settings_dict.get("HOST") or "")
+        if host not in LOOPBACK and not host.startswith("/"):
+            raise FaultsUnavailable(
+                f"--faults {mode} kills and locks connections, so it runs only against a database "
+                f"on this machine; {database!r} is on {host!r}"
+            )
+    if any(k.startswith("cache-") for k in kinds):
+        if cache is None:
+            raise FaultsUnavailable(
+                f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
+            )
+        host = cache._client().connection_pool.connection_kwargs.get("host", "")
+        if host not in LOOPBACK:
+            raise FaultsUnavailable(
+                f"--faults {mode} pauses and disconnects Redis, so it runs only against a Redis "
+                f"on this machine; cache {cache.alias!r} is on {host!r}"
+            )
+    return kinds
+
+
+class Nemesis:
+    """Injects ``kinds`` one at a time, at seeded random moments about ``interval`` seconds apart
+    and each kind once per round, until stopped; then heals.
+
+    ``counts`` holds the faults actually injected, per kind (a kill that found no live connection
+    does not count)."""
+
+    def __init__(
+        self,
+        database: str,
+        cache: Any,
+        kinds: Iterable[str],
+        *,
+        sessions: list[str],
+        seed: int = 0,
+        interval: float = 1.0,
+    ) -> None:
+        self.database, self.cache, self.sessions = database, cache, sessions
+        self.kinds = tuple(kinds)
+        self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self._rng = random.Random(f"nemesis-{seed}")
+        self._interval = interval
+        self._vendor = flavor(connections[database])
+        self._ids: dict[int, Any] = {}  # server-side id -> the worker's connection wrapper
+        self._ids_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memcheck-nemesis", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Nemesis:
+        if self.kinds:
+            connection_created.connect(self._connected, dispatch_uid=f"nemesis-{id(self)}")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop injecting and heal: the lock is released and Redis unpaused before this returns."""
+        if not self.kinds or self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        connection_created.disconnect(dispatch_uid=f"nemesis-{id(self)}")
+        if "cache-pause" in self.kinds:
+            try:
+                self._redis_admin().execute_command("CLIENT", "UNPAUSE")
+            except Exception as exc:  # reported; the run goes on
+                self.errors.append(f"cache-pause: could not unpause: {exc}")
+
+    # ------------------------------------------------------------------ the workers' connections
+
+    def _connected(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        """Every new connection of a workload client: remember its server-side id and give it a
+        short lock wait, so a held lock produces timeouts rather than a stall."""
+        if connection.alias != self.database:
+            return
+        if not threading.current_thread().name.startswith(WORKER_THREAD_PREFIX):
+            return
+        raw = connection.connection
+        with connection.cursor() as cursor:
+            if connection.vendor == "mysql":
+                cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS}")
+                server_id = raw.thread_id()
+            elif connection.vendor == "postgresql":
+                cursor.execute(f"SET lock_timeout = '{LOCK_WAIT_SECONDS}s'")
+                server_id = raw.info.backend_pid
+            else:  # SQLite: writers keep their busy timeout; a held lock makes them wait
+                return
+        with self._ids_lock:
+            self._ids[server_id] = connection
+
+    # ------------------------------------------------------------------ schedule
+
+    def _loop(self) -> None:
+        try:
+            order: list[str] = []
+            while not self._stop.wait(self._rng.uniform(0.5, 1.5) * self._interval):
+                if not order:  # every kind once, in a seeded order, before any repeats
+                    order = self._rng.sample(self.kinds, len(self.kinds))
+                kind = order.pop()
+                try:
+                    if getattr(self, "_" + kind.replace("-", "_"))():
+                        self.counts[kind] += 1
+                except Exception as exc:  # reported; the run goes on
+                    self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+        finally:
+            connections.close_all()
+
+    def _db_kill(self) -> bool:
+        if self._vendor == "sqlite":
+            return False
+        with self._ids_lock:
+            candidates = list(self._ids)
+        self._rng.shuffle(candidates)
+        connection = connections[self.database]
+        for server_id in candidates:
+            with self._ids_lock:
+                self._ids.pop(server_id, None)
+            with connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [server_id])
+                    if cursor.fetchone()[0]:
+                        return True
+                else:
+                    try:
+                        cursor.execute(f"KILL CONNECTION {int(server_id)}")
+                        return True
+                    except DatabaseError:  # 1094 unknown thread id: it had closed already
+                        continue
+        return False
+
+    def _db_lock(self) -> bool:
+        connection = connections[self.database]
+        with transaction.atomic(using=self.database):
+            if connection.vendor == "sqlite":
+                # BEGIN IMMEDIATE took the write lock; a write makes sure of it on any mode.
+                connection.cursor().execute("UPDATE agentmemory_memory SET id = id WHERE 0")
+            else:
+                hot = self._rng.choice(self.sessions)
+                rows = list(
+                    Memory.objects.using(self.database)
+                    .select_for_update()
+                    .filter(session_id=hot)
+                    .values_list("id", flat=True)
+                )
+                if not rows:
+                    return False
+            self._stop.wait(LOCK_HOLD_SECONDS)
+        return True
+
+    def _cache_kill(self) -> bool:
+        pool = self.cache._client().connection_pool
+        with pool._lock:  # redis-py's pool: the connections it holds, idle and in use
+            held = [*pool._available_connections, *pool._in_use_connections]
+        sockets = [conn._sock for conn in held if getattr(conn, "_sock", None) is not None]
+        admin, killed = self._redis_admin(), 0
+        for sock in sockets:
+            try:
+                host, port = sock.getsockname()[:2]
+            except OSError:
+                continue
+            killed += int(admin.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}") or 0)
+        return killed > 0
+
+    def _cache_pause(self) -> bool:
+        self._redis_admin().execute_command("CLIENT", "PAUSE", int(PAUSE_SECONDS * 1000), "ALL")
+        self._stop.wait(PAUSE_SECONDS)
+        return True
+
+    def _redis_admin(self) -> Any:
+        import redis
+
+        pool = self.cache._client().connection_pool
+        kwargs = {**pool.connection_kwargs, "socket_timeout": 5, "socket_connect_timeout": 5}
+        return redis.Redis(
+            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        )
