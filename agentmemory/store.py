@@ -247,7 +247,10 @@ class MemoryStore:
             if isinstance(keys, str):
                 raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
             wanted = sorted({validation.check_key(k) for k in keys})
-            if self.cache is not None:
+            # Inside the caller's transaction Redis is bypassed: it holds only committed
+            # versions (the caller must read its own writes), and a fill from this transaction's
+            # view could publish data that is later rolled back.
+            if self.cache is not None and not connections[self.using].in_atomic_block:
                 return self._reading(lambda: self._recall_cached(session_id, wanted))
             rows = rows.filter(key__in=wanted)
         elif prefix is not None:

@@ -162,6 +162,25 @@ def test_a_rolled_back_write_leaves_the_cache_untouched(cached):
     assert cached.cache.stats["hits"] >= 1
 
 
+def test_inside_a_transaction_reads_see_its_writes_and_never_fill_redis(cached):
+    cached.remember("s", "k", "v1")
+    assert cached.recall("s", "k").value == "v1"  # Redis now holds v1
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        cached.remember("s", "k", "v2 (uncommitted)")
+        assert cached.recall("s", "k").value == "v2 (uncommitted)"  # read your own write
+        cached.remember("s", "new", "uncommitted")
+        assert cached.recall("s", "new").value == "uncommitted"  # a miss: must not fill Redis
+        assert cached.last_read_source == "database"
+        raise Abort
+    assert cached.cache._client().get(cached.cache.entry_key("s", "new")) is None
+    assert cached.recall("s", "k").value == "v1"
+    assert cached.recall("s", "new") is None
+
+
 def test_a_slow_readers_fill_never_overwrites_a_newer_version(cached):
     cached.recall("s", "k")  # fence
     cached.remember("s", "k", "v1")

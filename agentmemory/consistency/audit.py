@@ -28,10 +28,11 @@ def audit(
     session_id: str | None = None,
     *,
     cache: Any = None,
-    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    grace_seconds: float | None = DEFAULT_GRACE_SECONDS,
 ) -> tuple[int, list[Anomaly]]:
     """Check every memory (or one session's): contiguous versions, live row == newest version,
-    one row per key, no live row expired longer than ``grace_seconds`` ago, and -- with ``cache``
+    one row per key, no live row expired longer than ``grace_seconds`` ago (None: not checked),
+    and -- with ``cache``
     (a :class:`~agentmemory.cache.MemoryCache`) -- no Redis entry at another version than the
     database's. Returns (memories audited, anomalies)."""
     rows = Memory.objects.using(using)
@@ -51,7 +52,8 @@ def audit(
             anomalies += audit_key(sid, key, stored)
         if cache is not None:
             anomalies += _cache_audit(using, cache, chunk, state)
-    anomalies += _expired_live_rows(rows, grace_seconds)
+    if grace_seconds is not None:
+        anomalies += _expired_live_rows(rows, grace_seconds)
     return audited, anomalies
 
 
