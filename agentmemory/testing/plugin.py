@@ -67,7 +67,9 @@ def assert_memory_consistent(request: pytest.FixtureRequest) -> Callable[..., No
     """``assert_memory_consistent(session_id=None)``: fails the test with a readable list of
     every violated invariant (version gaps, live row vs history, duplicate rows, Redis entries
     at another version than the database) in the stored memories."""
-    store = request.getfixturevalue("memory_store") if "memory_store" in request.fixturenames else None
+    store = (
+        request.getfixturevalue("memory_store") if "memory_store" in request.fixturenames else None
+    )
 
     def check(session_id: str | None = None, *, using: str | None = None) -> None:
         cache = store.cache if store is not None else None
