@@ -1,0 +1,54 @@
+"""The example downstream project (examples/agent_backend) runs its own suite with nothing but the
+plugin -- on this test run's database server -- and that suite catches an unlocked writer."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dj_database_url
+from django.conf import settings
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "agent_backend"
+
+
+def example_env() -> dict[str, str]:
+    """This run's server, but a database of the example's own (its test database is
+    test_agent_backend, never this suite's)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    url = os.environ.get("DATABASE_URL", "")
+    if url and not url.startswith("sqlite"):
+        parsed = dj_database_url.parse(url)
+        env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/agent_backend"
+        assert parsed["NAME"] != "agent_backend"
+    else:
+        env.pop("DATABASE_URL", None)  # the example's own SQLite file
+    if settings.AGENTMEMORY.get("CACHE"):
+        env["REDIS_URL"] = settings.CACHES[settings.AGENTMEMORY["CACHE"]]["LOCATION"]
+    return env
+
+
+def run_example(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *args],
+        cwd=EXAMPLE,
+        env=example_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_example_project_passes_with_the_plugin():
+    result = run_example()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 passed" in result.stdout
+
+
+def test_the_example_project_catches_an_unlocked_writer():
+    result = run_example("-p", "no:agentmemory", "-p", "unlocked_memory_plugin")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED tests/test_agent_memory.py::test_parallel_preference_updates_are_all_kept" in (
+        result.stdout
+    )
+    assert "3 passed" in result.stdout  # the other tests do not depend on the lock
