@@ -47,6 +47,8 @@ class _Change:
     caller_request_id: bool = False
     # forget/expire touch only an existing row; writes create it.
     create: bool = True
+    # expire: only if the TTL has passed (purge_expired), or now whatever it is (expire()).
+    due_only: bool = True
 
 
 class MemoryStore:
@@ -163,11 +165,19 @@ class MemoryStore:
             )
         return self._write(session_id, changes) if changes else {}
 
-    def revert(self, session_id: str, key: str, version: int) -> MemoryRecord:
-        """Write a NEW version holding the value that ``version`` held (history stays linear)."""
+    def revert(
+        self, session_id: str, key: str, version: int, *, expected_version: int | None = None
+    ) -> MemoryRecord:
+        """Write a NEW version holding the value that ``version`` held (history stays linear);
+        with ``expected_version``, only if the memory is still at that version."""
         session_id, key = self._check_ids(session_id, key)
         version = validation.check_version("version", version, minimum=1)
-        change = _Change(Op.REVERT, ttl=self._default_ttl, create=False)
+        change = _Change(
+            Op.REVERT,
+            ttl=self._default_ttl,
+            create=False,
+            expected_version=self._check_expected(expected_version),
+        )
         change.compute = lambda _current: self._value_of_version(session_id, key, version)
         return self._write(session_id, {key: change})[key]
 
@@ -176,6 +186,18 @@ class MemoryStore:
         session_id, key = self._check_ids(session_id, key)
         change = _Change(
             Op.FORGET, expected_version=self._check_expected(expected_version), create=False
+        )
+        return self._write(session_id, {key: change})[key] is not None
+
+    def expire(self, session_id: str, key: str, *, expected_version: int | None = None) -> bool:
+        """Expire the memory now, whatever its TTL: an ``expire`` version, as if its TTL had just
+        passed. True if a live memory was expired."""
+        session_id, key = self._check_ids(session_id, key)
+        change = _Change(
+            Op.EXPIRE,
+            expected_version=self._check_expected(expected_version),
+            create=False,
+            due_only=False,
         )
         return self._write(session_id, {key: change})[key] is not None
 
@@ -370,8 +392,11 @@ class MemoryStore:
     async def ahistory(self, session_id: str, key: str) -> list[MemoryVersionRecord]:
         return await sync_to_async(self.history)(session_id, key)
 
-    async def arevert(self, session_id: str, key: str, version: int) -> MemoryRecord:
-        return await sync_to_async(self.revert)(session_id, key, version)
+    async def arevert(self, session_id: str, key: str, version: int, **kwargs: Any) -> MemoryRecord:
+        return await sync_to_async(self.revert)(session_id, key, version, **kwargs)
+
+    async def aexpire(self, session_id: str, key: str, **kwargs: Any) -> bool:
+        return await sync_to_async(self.expire)(session_id, key, **kwargs)
 
     async def aforget_session(self, session_id: str) -> int:
         return await sync_to_async(self.forget_session)(session_id)
@@ -426,14 +451,14 @@ class MemoryStore:
             updates[key] = (None, row.version)
             if change.op == Op.EXPIRE:
                 return True
-        if change.op == Op.EXPIRE:  # rewritten with a new TTL since purge_expired looked
-            return None
+        if change.op == Op.EXPIRE and change.due_only:
+            return None  # rewritten with a new TTL since purge_expired looked
         live = row.state == MemoryState.LIVE
         self._check_cas(session_id, key, change, actual=row.version if live else 0)
-        if change.op == Op.FORGET:
+        if change.op in (Op.FORGET, Op.EXPIRE):
             if not live:
                 return None
-            self._append(row, Op.FORGET, None, now, None, change.request_id)
+            self._append(row, change.op, None, now, None, change.request_id)
             updates[key] = (None, row.version)
             return True
         value = change.compute(row.value if live else change.default)

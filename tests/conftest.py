@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from agentmemory import MemoryStore, clock
+from agentmemory.testing import concurrently
 
 
 @pytest.fixture(params=["db", "redis"])
@@ -43,24 +43,4 @@ def vendor() -> str:
 
 def run_threads(fn: Callable[[int], Any], workers: int) -> list[Any]:
     """Run fn(i) in `workers` threads started together, each with its own connection."""
-    barrier = threading.Barrier(workers)
-    results: list[Any] = [None] * workers
-    errors: list[BaseException] = []
-
-    def work(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = fn(index)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
+    return concurrently(fn, workers)

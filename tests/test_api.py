@@ -8,6 +8,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from agentmemory import MemoryRecord, MemoryStore
+from agentmemory.errors import VersionConflict
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +87,26 @@ def test_async_twins(store):
     record, many, history, forgotten = asyncio.run(scenario())
     assert record.value == [1, 2] and set(many) == {"k"}
     assert [h.version for h in history] == [1, 2] and forgotten is True
+
+
+def test_expire_now_records_an_expire_version_whatever_the_ttl(store):
+    store.remember("s", "k", "forever")
+    assert store.expire("s", "k") is True
+    assert store.recall("s", "k") is None
+    assert [v.op for v in store.history("s", "k")] == ["write", "expire"]
+    assert store.expire("s", "k") is False  # nothing live to expire: no version
+    assert store.expire("s", "never") is False
+    store.remember("s", "k", "back")
+    with pytest.raises(VersionConflict):
+        store.expire("s", "k", expected_version=1)
+    assert store.expire("s", "k", expected_version=3) is True
+    assert [v.version for v in store.history("s", "k")] == [1, 2, 3, 4]
+
+
+def test_revert_with_expected_version_refuses_a_memory_that_moved_on(store):
+    store.remember("s", "k", "one")
+    store.remember("s", "k", "two")
+    with pytest.raises(VersionConflict):
+        store.revert("s", "k", 1, expected_version=1)
+    assert store.revert("s", "k", 1, expected_version=2).value == "one"
+    assert [v.version for v in store.history("s", "k")] == [1, 2, 3]

@@ -1,0 +1,468 @@
+"""Django admin for memories: inspect what an agent remembers and how it changed, and repair it --
+always through the store's one write path, so every change is a new version, compare-and-set
+against what the operator saw, logged (``LogEntry``) and reflected in the Redis tier.
+
+Safe on big tables: the changelist never counts the whole table (an estimate from the server's
+statistics, or a count capped at :data:`COUNT_CAP` when filtered), reads a preview of each value
+instead of the value, and sorts along the ``(session_id, key)`` index.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast, Left
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from . import clock
+from .conf import get_config
+from .errors import InvalidMemory, VersionConflict
+from .models import Memory, MemoryState, MemoryVersion
+from .store import MemoryStore
+
+#: A filtered changelist counts at most this many rows ("10000+" beyond).
+COUNT_CAP = 10_000
+#: Versions shown on a memory's page (newest first); the rest stay reachable by search.
+HISTORY_SHOWN = 50
+PREVIEW_CHARS = 80
+
+
+def _store() -> MemoryStore:
+    return MemoryStore(using=get_config()["DATABASE"])
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def status_of(memory: Memory) -> str:
+    if memory.state == MemoryState.LIVE and (
+        memory.expires_at is None or memory.expires_at > clock.now()
+    ):
+        return "live"
+    if memory.state == MemoryState.FORGOTTEN:
+        return "forgotten"
+    return "expired"
+
+
+class EstimatedCountPaginator(Paginator):
+    """No ``COUNT(*)`` over the whole table on every page load: the unfiltered count is the
+    server's own estimate (PostgreSQL ``reltuples``, MySQL/MariaDB/TiDB ``TABLE_ROWS``), a
+    filtered one is capped at :data:`COUNT_CAP`."""
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        if isinstance(queryset, QuerySet) and not queryset.query.where:
+            estimate = _estimated_rows(queryset)
+            if estimate is not None and estimate > COUNT_CAP:
+                return estimate
+        if isinstance(queryset, QuerySet):
+            return queryset.order_by()[: COUNT_CAP + 1].count()
+        return len(queryset)
+
+
+def _estimated_rows(queryset: QuerySet) -> int | None:
+    connection = connections[queryset.db]
+    table = queryset.model._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table]
+            )
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                [table],
+            )
+        else:
+            return None
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+
+
+class StatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("live", "live"), ("expired", "expired"), ("forgotten", "forgotten")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        now = clock.now()
+        unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        if self.value() == "live":
+            return queryset.filter(Q(state=MemoryState.LIVE) & unexpired)
+        if self.value() == "expired":
+            return queryset.filter(
+                Q(state=MemoryState.EXPIRED) | (Q(state=MemoryState.LIVE) & ~unexpired)
+            )
+        if self.value() == "forgotten":
+            return queryset.filter(state=MemoryState.FORGOTTEN, version__gt=0)
+        return queryset
+
+
+class PrettyJSONField(forms.JSONField):
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return _pretty(value)
+
+
+def expected_for(memory: Memory, loaded: int) -> int:
+    """The ``expected_version`` for a change made from a page that showed version ``loaded``.
+    The store compares a live memory's version; a memory that is not live compares as 0, so the
+    version it has now is checked here (a write reviving it must not undo a newer forget)."""
+    if memory.version != loaded:
+        raise VersionConflict(memory.session_id, memory.key, expected=loaded, actual=memory.version)
+    return loaded if status_of(memory) == "live" else 0
+
+
+class MemoryForm(forms.ModelForm):
+    """The value as pretty JSON; saving writes a new version through the store with
+    compare-and-set against ``loaded_version``, so an agent's write made meanwhile is reported
+    instead of overwritten. The write happens in ``clean`` so that a conflict is a form error."""
+
+    value = PrettyJSONField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 16, "cols": 100, "class": "vLargeTextField"}),
+        help_text="JSON. Saving writes a new version (the old one stays in the history below).",
+    )
+    loaded_version = forms.IntegerField(widget=forms.HiddenInput, min_value=0)
+
+    class Meta:
+        model = Memory
+        fields = ["value"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["value"].widget.attrs["spellcheck"] = "false"
+        if self.instance.pk is not None:
+            self.fields["loaded_version"].initial = self.instance.version
+            self.initial["value"] = self.instance.value
+        self.written = None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors or self.instance.pk is None:
+            return data
+        memory, loaded = self.instance, data["loaded_version"]
+        # An edit keeps the memory's expiry time: the operator changes what, not how long.
+        remaining = None
+        if memory.expires_at is not None and memory.expires_at > clock.now():
+            remaining = memory.expires_at - clock.now()
+        try:
+            self.written = _store().remember(
+                memory.session_id,
+                memory.key,
+                data["value"],
+                ttl=remaining,
+                expected_version=expected_for(memory, loaded),
+            )
+        except VersionConflict as conflict:
+            raise forms.ValidationError(
+                f"This memory changed meanwhile: you loaded version {loaded}, it is now version "
+                f"{conflict.actual}. Nothing was saved; reload the page to see the current value.",
+                code="version_conflict",
+            ) from None
+        except InvalidMemory as error:
+            self.add_error("value", str(error))
+        return data
+
+
+@admin.register(Memory)
+class MemoryAdmin(admin.ModelAdmin):
+    form = MemoryForm
+    change_form_template = "admin/agentmemory/memory/change_form.html"
+    list_display = ["session_id", "key", "version", "preview", "updated_at", "expiry"]
+    list_display_links = ["session_id", "key"]
+    list_filter = [StatusFilter, ("updated_at", admin.DateFieldListFilter)]
+    search_fields = ["session_id"]
+    search_help_text = (
+        "A session id or its beginning; 'session/key' for one session's keys starting with key."
+    )
+    ordering = ["session_id", "key"]  # along the unique index: no sort of the table
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    readonly_fields = [
+        "session_id",
+        "key",
+        "version",
+        "status",
+        "created_at",
+        "updated_at",
+        "expires_at",
+    ]
+    fieldsets = [
+        (None, {"fields": ["session_id", "key", "version", "status"]}),
+        ("Value", {"fields": ["value", "loaded_version"]}),
+        ("Times", {"fields": ["created_at", "updated_at", "expires_at"]}),
+    ]
+    actions = ["forget_selected", "expire_selected"]
+
+    # ---------------------------------------------------------------- permissions
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # memories are written by agents, through the store
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # forget (a version) instead; deleting would erase the history
+
+    # ---------------------------------------------------------------- changelist
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
+            queryset = queryset.defer("value").annotate(
+                value_preview=Left(Cast("value", TextField()), PREVIEW_CHARS + 1)
+            )
+        return queryset
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        session, slash, key = term.partition("/")
+        if slash:
+            return queryset.filter(session_id=session, key__startswith=key), False
+        return queryset.filter(session_id__startswith=term), False
+
+    @admin.display(description="value")
+    def preview(self, memory: Memory) -> str:
+        text = getattr(memory, "value_preview", None)
+        if text is None:
+            return "—" if memory.state != MemoryState.LIVE else "null"
+        return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expiry(self, memory: Memory) -> SafeString:
+        status = status_of(memory)
+        when = memory.expires_at.strftime("%Y-%m-%d %H:%M:%S") if memory.expires_at else "never"
+        colours = {"live": "#2e7d32", "expired": "#757575", "forgotten": "#b71c1c"}
+        return format_html(
+            '<span class="am-badge am-{}" style="color:#fff;background:{};padding:1px 6px;'
+            'border-radius:8px">{}</span> {}',
+            status,
+            colours[status],
+            status,
+            when,
+        )
+
+    @admin.display(description="status")
+    def status(self, memory: Memory) -> str:
+        return status_of(memory)
+
+    @admin.action(
+        description="Forget selected memories (a forget version each)", permissions=["change"]
+    )
+    def forget_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._bulk(request, queryset, "forget", "forgot")
+
+    @admin.action(
+        description="Expire selected memories now (an expire version each)", permissions=["change"]
+    )
+    def expire_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._bulk(request, queryset, "expire", "expired")
+
+    def _bulk(self, request: HttpRequest, queryset: QuerySet, method: str, done: str) -> None:
+        store, changed = _store(), 0
+        for memory in queryset.only("id", "session_id", "key", "version"):
+            if getattr(store, method)(memory.session_id, memory.key):
+                changed += 1
+                self.log_change(
+                    request, memory, f"{done.capitalize()} (was version {memory.version})."
+                )
+        self.message_user(request, f"{done.capitalize()} {changed} memories.", messages.SUCCESS)
+
+    # ---------------------------------------------------------------- change view
+
+    def save_model(self, request: HttpRequest, obj: Memory, form: Any, change: bool) -> None:
+        """The store wrote the new version during validation (``MemoryForm.clean``); the
+        admin's own ``save()`` would bypass versioning, so it does nothing here."""
+        obj.refresh_from_db()
+
+    def construct_change_message(
+        self, request: HttpRequest, form: Any, formsets: Any, add: bool = False
+    ) -> str:
+        written = getattr(form, "written", None)
+        if written is None:
+            return "No change."
+        return (
+            f"Edited the value: version {form.cleaned_data['loaded_version']} -> {written.version}."
+        )
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        memory = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if memory is not None:
+            context.update(
+                history=history_rows(memory),
+                status=status_of(memory),
+                can_act=self.has_change_permission(request, memory),
+                action_urls={
+                    name: reverse(f"admin:agentmemory_memory_{name}", args=[memory.pk])
+                    for name in ("forget", "expire", "extend", "revert")
+                },
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/forget/", wrap(self.forget_view), name="agentmemory_memory_forget"),
+            path("<int:pk>/expire/", wrap(self.expire_view), name="agentmemory_memory_expire"),
+            path("<int:pk>/extend/", wrap(self.extend_view), name="agentmemory_memory_extend"),
+            path("<int:pk>/revert/", wrap(self.revert_view), name="agentmemory_memory_revert"),
+            *super().get_urls(),
+        ]
+
+    def _act(self, request: HttpRequest, pk: int, act: Any) -> HttpResponse:
+        """Run one change of one memory through the store, with compare-and-set against the
+        version the operator's page showed; log it; say what happened."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        memory = get_object_or_404(Memory, pk=pk)
+        if not self.has_change_permission(request, memory):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        url = reverse("admin:agentmemory_memory_change", args=[pk])
+        try:
+            expected = int(request.POST["loaded_version"])
+            message = act(_store(), memory, expected_for(memory, expected))
+        except InvalidMemory as error:  # before ValueError, which it is
+            self.message_user(request, str(error), messages.ERROR)
+        except (KeyError, ValueError):
+            self.message_user(
+                request, "The form did not say which version it showed.", messages.ERROR
+            )
+        except VersionConflict as conflict:
+            self.message_user(
+                request,
+                f"This memory changed meanwhile: the page showed version {expected}, it is now "
+                f"version {conflict.actual}. Nothing was changed; look again and retry.",
+                messages.ERROR,
+            )
+        else:
+            if message:
+                self.log_change(request, memory, message)
+                self.message_user(request, message, messages.SUCCESS)
+            else:
+                self.message_user(
+                    request, "Nothing to do: the memory is not live.", messages.WARNING
+                )
+        return HttpResponseRedirect(url)
+
+    def forget_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        def act(store: MemoryStore, memory: Memory, expected: int) -> str | None:
+            if store.forget(memory.session_id, memory.key, expected_version=expected):
+                return f"Forgot the memory (version {expected} -> {expected + 1})."
+            return None
+
+        return self._act(request, pk, act)
+
+    def expire_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        def act(store: MemoryStore, memory: Memory, expected: int) -> str | None:
+            if store.expire(memory.session_id, memory.key, expected_version=expected):
+                return f"Expired the memory now (version {expected} -> {expected + 1})."
+            return None
+
+        return self._act(request, pk, act)
+
+    def extend_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        def act(store: MemoryStore, memory: Memory, expected: int) -> str | None:
+            try:
+                hours = float(request.POST.get("hours", ""))
+            except ValueError:
+                hours = 0.0
+            if not 0 < hours < 1e6:
+                raise InvalidMemory("ttl", "give the new time to live in hours, e.g. 24")
+            if status_of(memory) != "live":
+                return None
+            record = store.remember(
+                memory.session_id,
+                memory.key,
+                memory.value,
+                ttl=timedelta(hours=hours),
+                expected_version=expected,
+            )
+            return (
+                f"Set the memory to expire in {hours:g} h (version {expected} -> {record.version})."
+            )
+
+        return self._act(request, pk, act)
+
+    def revert_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        def act(store: MemoryStore, memory: Memory, expected: int) -> str:
+            try:
+                target = int(request.POST["version"])
+            except (KeyError, ValueError):
+                raise InvalidMemory("version", "say which version to revert to") from None
+            record = store.revert(memory.session_id, memory.key, target, expected_version=expected)
+            return f"Reverted to version {target}: new version {record.version}."
+
+        return self._act(request, pk, act)
+
+
+def history_rows(memory: Memory) -> list[dict[str, Any]]:
+    """The newest :data:`HISTORY_SHOWN` versions, newest first, each with a diff against the
+    version before it."""
+    versions = list(
+        MemoryVersion.objects.using(memory._state.db)
+        .filter(memory=memory)
+        .order_by("-version")
+        .values("version", "op", "value", "created_at", "expires_at")[: HISTORY_SHOWN + 1]
+    )
+    rows = []
+    for newer, older in zip(versions, [*versions[1:], None], strict=False):
+        if len(rows) == HISTORY_SHOWN:
+            break
+        before = (
+            _pretty(older["value"]).splitlines()
+            if older and older["op"] in ("write", "revert")
+            else []
+        )
+        after = _pretty(newer["value"]).splitlines() if newer["op"] in ("write", "revert") else []
+        diff = list(difflib.unified_diff(before, after, lineterm="", n=2))[2:]
+        rows.append(
+            {
+                **newer,
+                "diff": format_html_join(
+                    "\n",
+                    '<span class="{}">{}</span>',
+                    (
+                        (
+                            "am-add"
+                            if line.startswith("+")
+                            else "am-del"
+                            if line.startswith("-")
+                            else "am-ctx",
+                            line,
+                        )
+                        for line in diff
+                    ),
+                ),
+                "revertible": newer["op"] in ("write", "revert")
+                and newer["version"] != memory.version,
+            }
+        )
+    return rows

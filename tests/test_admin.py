@@ -1,0 +1,219 @@
+"""The admin, through Django's test client: every view and action goes through the store (a new
+version, compare-and-set against what the page showed, a LogEntry, the Redis tier updated)."""
+
+import json
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from agentmemory import MemoryStore
+from agentmemory.models import Memory
+
+from .conftest import redis_alias
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def agent():
+    """The agent writing memories: the configured store, Redis tier included."""
+    redis_alias()
+    return MemoryStore()
+
+
+def change_url(memory_or_pk):
+    pk = getattr(memory_or_pk, "pk", memory_or_pk)
+    return reverse("admin:agentmemory_memory_change", args=[pk])
+
+
+def memory(session_id="s", key="k"):
+    return Memory.objects.get(session_id=session_id, key=key)
+
+
+def versions(agent, session_id="s", key="k"):
+    return [(v.version, v.op) for v in agent.history(session_id, key)]
+
+
+def test_changelist_shows_memories_without_counting_the_table(admin_client, agent):
+    agent.remember("s1", "prefs", {"theme": "dark", "long": "x" * 200})
+    agent.remember("s2", "notes", ["a"], ttl=3600)
+    agent.remember("s3", "gone", 1)
+    agent.forget("s3", "gone")
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(reverse("admin:agentmemory_memory_changelist"))
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "s1" in page and "prefs" in page and "&quot;theme&quot;: &quot;dark&quot;" in page
+    assert "x" * 200 not in page and "…" in page  # a preview, not the value
+    assert "am-live" in page and "am-forgotten" in page
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    assert counts and all("LIMIT" in sql.upper() for sql in counts), counts
+
+
+def test_changelist_filters_and_search(admin_client, agent, settings):
+    agent.remember("user-1", "prefs", 1)
+    agent.remember("user-1", "plan", 2)
+    agent.remember("user-2", "prefs", 3, ttl=60)
+    agent.remember("other", "prefs", 4)
+    agent.forget("other", "prefs")
+    url = reverse("admin:agentmemory_memory_changelist")
+
+    def rows(**params):
+        response = admin_client.get(url, params)
+        assert response.status_code == 200
+        return sorted((m.session_id, m.key) for m in response.context["cl"].result_list)
+
+    assert rows(q="user-") == [("user-1", "plan"), ("user-1", "prefs"), ("user-2", "prefs")]
+    assert rows(q="user-1/pl") == [("user-1", "plan")]
+    assert rows(status="forgotten") == [("other", "prefs")]
+    assert rows(status="live") == [("user-1", "plan"), ("user-1", "prefs"), ("user-2", "prefs")]
+    from agentmemory import clock
+
+    clock.advance(120)
+    assert rows(status="expired") == [("user-2", "prefs")]
+    assert ("user-2", "prefs") not in rows(status="live")
+
+
+def test_change_view_shows_pretty_json_and_the_history_with_diffs(admin_client, agent):
+    agent.remember("s", "k", {"a": 1, "b": 2})
+    agent.remember("s", "k", {"a": 1, "b": 3})
+    agent.forget("s", "k")
+    response = admin_client.get(change_url(memory()))
+    page = response.content.decode()
+    assert response.status_code == 200
+    history = page[page.index('id="am-history"') :]
+    assert (
+        history.index("am-version-3")
+        < history.index("am-version-2")
+        < history.index("am-version-1")
+    )
+    assert '<span class="am-del">-  &quot;b&quot;: 2</span>' in history
+    assert '<span class="am-add">+  &quot;b&quot;: 3</span>' in history
+
+
+def test_editing_the_value_writes_a_new_version_through_the_store(admin_client, agent):
+    agent.remember("s", "k", {"a": 1}, ttl=3600)
+    expires = agent.recall("s", "k").expires_at
+    response = admin_client.get(change_url(memory()))
+    assert "&quot;a&quot;: 1" in response.content.decode()
+    response = admin_client.post(
+        change_url(memory()), {"value": json.dumps({"a": 2}), "loaded_version": 1}
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    record = agent.recall("s", "k")
+    assert (record.version, record.value) == (2, {"a": 2})
+    assert abs((record.expires_at - expires).total_seconds()) < 5  # the edit kept the expiry
+    assert agent.last_read_source == "cache"  # the Redis tier was updated on commit
+    assert versions(agent) == [(1, "write"), (2, "write")]
+    entry = LogEntry.objects.get()
+    assert "version 1 -> 2" in entry.change_message
+
+
+def test_a_concurrent_agent_write_is_reported_not_overwritten(admin_client, agent):
+    agent.remember("s", "k", "v1")
+    admin_client.get(change_url(memory()))  # the operator opens version 1 ...
+    agent.remember("s", "k", "agent's v2")  # ... the agent writes meanwhile ...
+    response = admin_client.post(change_url(memory()), {"value": '"operator"', "loaded_version": 1})
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "This memory changed meanwhile: you loaded version 1, it is now version 2" in page
+    assert agent.recall("s", "k").value == "agent's v2"
+    assert versions(agent) == [(1, "write"), (2, "write")] and not LogEntry.objects.exists()
+
+
+def test_a_value_that_is_not_json_is_refused_and_changes_nothing(admin_client, agent):
+    agent.remember("s", "k", "v1")
+    response = admin_client.post(change_url(memory()), {"value": "{not json", "loaded_version": 1})
+    assert response.status_code == 200 and "Enter a valid JSON" in response.content.decode()
+    assert versions(agent) == [(1, "write")]
+
+
+@pytest.mark.parametrize(
+    ("action", "extra", "expected_op", "recall_value"),
+    [
+        ("forget", {}, "forget", None),
+        ("expire", {}, "expire", None),
+        ("extend", {"hours": "48"}, "write", "v2"),
+        ("revert", {"version": "1"}, "revert", "v1"),
+    ],
+)
+def test_each_action_is_one_version_logged_and_cached(
+    admin_client, agent, action, extra, expected_op, recall_value
+):
+    agent.remember("s", "k", "v1")
+    agent.remember("s", "k", "v2", ttl=60)
+    url = reverse(f"admin:agentmemory_memory_{action}", args=[memory().pk])
+    response = admin_client.post(url, {"loaded_version": 2, **extra})
+    assert response.status_code == 302
+    assert versions(agent)[-1] == (3, expected_op)
+    found = agent.recall("s", "k")
+    assert (found.value if found else None) == recall_value
+    if action == "extend":
+        remaining = (found.expires_at - found.updated_at).total_seconds()
+        assert abs(remaining - 48 * 3600) < 5
+    assert LogEntry.objects.filter(object_id=str(memory().pk)).count() == 1
+
+
+def test_actions_from_a_stale_page_change_nothing(admin_client, agent):
+    agent.remember("s", "k", "v1")
+    agent.remember("s", "k", "v2")
+    for action, extra in [
+        ("forget", {}),
+        ("expire", {}),
+        ("extend", {"hours": "1"}),
+        ("revert", {"version": "1"}),
+    ]:
+        url = reverse(f"admin:agentmemory_memory_{action}", args=[memory().pk])
+        response = admin_client.post(url, {"loaded_version": 1, **extra}, follow=True)
+        assert "changed meanwhile: the page showed version 1, it is now version 2" in (
+            response.content.decode()
+        ), action
+    assert versions(agent) == [(1, "write"), (2, "write")] and not LogEntry.objects.exists()
+    response = admin_client.post(
+        reverse("admin:agentmemory_memory_extend", args=[memory().pk]),
+        {"loaded_version": 2, "hours": "soon"},
+        follow=True,
+    )
+    assert "give the new time to live in hours" in response.content.decode()
+    assert (
+        admin_client.get(reverse("admin:agentmemory_memory_forget", args=[memory().pk])).status_code
+        == 405
+    )
+
+
+def test_bulk_forget_and_expire(admin_client, agent):
+    for key in ("a", "b", "c"):
+        agent.remember("s", key, key)
+    url = reverse("admin:agentmemory_memory_changelist")
+    ids = [str(memory(key=k).pk) for k in ("a", "b")]
+    response = admin_client.post(
+        url, {"action": "forget_selected", "_selected_action": ids}, follow=True
+    )
+    assert "Forgot 2 memories" in response.content.decode()
+    admin_client.post(
+        url, {"action": "expire_selected", "_selected_action": [str(memory(key="c").pk)]}
+    )
+    assert agent.recall_many("s", ["a", "b", "c"]) == {}
+    assert versions(agent, key="c") == [(1, "write"), (2, "expire")]
+    assert LogEntry.objects.count() == 3
+
+
+def test_view_permission_sees_but_cannot_act(client, agent):
+    agent.remember("s", "k", {"secret": "plan"})
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_memory"))
+    client.force_login(viewer)
+    page = client.get(change_url(memory())).content.decode()
+    assert "secret" in page and 'id="am-history"' in page
+    assert 'id="am-forget"' not in page and "am-revert" not in page and "<textarea" not in page
+    for action in ("forget", "expire", "extend", "revert"):
+        url = reverse(f"admin:agentmemory_memory_{action}", args=[memory().pk])
+        assert client.post(url, {"loaded_version": 1, "version": 1, "hours": 1}).status_code == 403
+    assert client.post(change_url(memory()), {"value": "1", "loaded_version": 1}).status_code == 403
+    assert versions(agent) == [(1, "write")]
+    changelist = client.get(reverse("admin:agentmemory_memory_changelist")).content.decode()
+    assert "forget_selected" not in changelist
