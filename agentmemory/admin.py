@@ -139,7 +139,7 @@ class MemoryForm(forms.ModelForm):
 
     value = PrettyJSONField(
         required=False,
-        widget=forms.Textarea(attrs={"rows": 16, "cols": 100, "class": "vLargeTextField"}),
+        widget=forms.Textarea(attrs={"rows": 8, "cols": 100, "class": "vLargeTextField"}),
         help_text="JSON. Saving writes a new version (the old one stays in the history below).",
     )
     loaded_version = forms.IntegerField(widget=forms.HiddenInput, min_value=0)
@@ -447,7 +447,7 @@ def history_rows(memory: Memory) -> list[dict[str, Any]]:
             {
                 **newer,
                 "diff": format_html_join(
-                    "\n",
+                    "",
                     '<span class="{}">{}</span>',
                     (
                         (

@@ -16,6 +16,11 @@ apt_install() {
 if ! pkg-config --exists mysqlclient 2>/dev/null && ! pkg-config --exists libmariadb 2>/dev/null; then
   apt_install pkg-config libmariadb-dev build-essential python3-dev
 fi
+# The admin's end-to-end test drives Debian's Chromium through its ChromeDriver (no browser
+# downloads: Selenium is given both paths).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  apt_install chromium chromium-driver
+fi
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -39,7 +39,7 @@ def versions(agent, session_id="s", key="k"):
 
 
 def test_changelist_shows_memories_without_counting_the_table(admin_client, agent):
-    agent.remember("s1", "prefs", {"theme": "dark", "long": "x" * 200})
+    agent.remember("s1", "prefs", {"theme": "dark", "description": "x" * 200})
     agent.remember("s2", "notes", ["a"], ttl=3600)
     agent.remember("s3", "gone", 1)
     agent.forget("s3", "gone")

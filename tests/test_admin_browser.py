@@ -1,0 +1,87 @@
+"""End to end in a real headless browser (Debian's Chromium driven by Selenium through
+/usr/bin/chromedriver): an operator logs in, finds an agent's memory, opens it, reverts it to an
+older version and sees the new version -- which the store then serves. Saves a screenshot
+(``SCREENSHOT_DIR=docs`` refreshes the one the README shows)."""
+
+import os
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from agentmemory import MemoryStore
+
+from .conftest import redis_alias
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser():
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed: scripts/bootstrap.sh installs them")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()
+
+
+def test_an_operator_reverts_a_memory_in_the_browser(live_server, browser, tmp_path):
+    redis_alias()
+    store = MemoryStore()
+    store.remember("agent-42", "preferences", {"language": "en", "tone": "casual"})
+    store.remember("agent-42", "preferences", {"language": "fr", "tone": "formal"})
+    store.remember("agent-42", "open-tasks", ["book flight"], ttl=3600)
+    store.remember("agent-7", "preferences", {"language": "de"})
+    User.objects.create_superuser("operator", password="a long demo password")
+
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/agentmemory/memory/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys("a long demo password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+    search = browser.find_element(By.ID, "searchbar")
+    search.send_keys("agent-42/pref")
+    search.submit()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1 and "preferences" in rows[0].text
+    rows[0].find_element(By.LINK_TEXT, "agent-42").click()
+
+    assert "version 2" in browser.find_element(By.CSS_SELECTOR, ".am-panel h2").text
+    browser.find_element(By.CSS_SELECTOR, "#am-version-1 input.am-revert").click()
+
+    WebDriverWait(browser, 10).until(
+        ec.text_to_be_present_in_element((By.CSS_SELECTOR, ".messagelist"), "new version 3")
+    )
+    assert "version 3" in browser.find_element(By.CSS_SELECTOR, ".am-panel h2").text
+    newest = browser.find_element(By.CSS_SELECTOR, "#am-history tbody tr")
+    assert newest.get_attribute("id") == "am-version-3" and "revert" in newest.text
+    assert '"language": "en"' in browser.find_element(By.NAME, "value").get_attribute("value")
+
+    record = store.recall("agent-42", "preferences")
+    assert (record.version, record.value) == (3, {"language": "en", "tone": "casual"})
+
+    browser.set_window_size(1280, 1500)
+    browser.execute_script("window.scrollTo(0, 0)")
+    shot = tmp_path / "admin-revert.png"
+    assert browser.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("SCREENSHOT_DIR"):
+        target = Path(os.environ["SCREENSHOT_DIR"]) / "admin-revert.png"
+        target.write_bytes(shot.read_bytes())
