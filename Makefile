@@ -11,5 +11,12 @@ memcheck:
 test:
 	@bash scripts/test.sh
 
+# The admin with a few sample memories: http://127.0.0.1:8000/admin/ (admin / admin).
+demo:
+	@bash scripts/bootstrap.sh
+	@.venv/bin/python manage.py migrate --verbosity 0
+	@.venv/bin/python manage.py demo
+	@.venv/bin/python manage.py runserver
+
 lint:
 	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .

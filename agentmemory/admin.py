@@ -193,7 +193,8 @@ class MemoryAdmin(admin.ModelAdmin):
     list_filter = [StatusFilter, ("updated_at", admin.DateFieldListFilter)]
     search_fields = ["session_id"]
     search_help_text = (
-        "A session id or its beginning; 'session/key' for one session's keys starting with key."
+        "A session id ('abc*' for ids starting with abc); 'session/key' for that session's keys "
+        "starting with key."
     )
     ordering = ["session_id", "key"]  # along the unique index: no sort of the table
     paginator = EstimatedCountPaginator
@@ -239,10 +240,14 @@ class MemoryAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        # An exact session id is an index lookup on every backend; a prefix ('abc*') may scan
+        # (MySQL's LIKE BINARY and PostgreSQL's LIKE under a non-C collation skip the index).
         session, slash, key = term.partition("/")
         if slash:
             return queryset.filter(session_id=session, key__startswith=key), False
-        return queryset.filter(session_id__startswith=term), False
+        if term.endswith("*"):
+            return queryset.filter(session_id__startswith=term[:-1]), False
+        return queryset.filter(session_id=term), False
 
     @admin.display(description="value")
     def preview(self, memory: Memory) -> str:

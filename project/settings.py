@@ -21,6 +21,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "agentmemory",
+    "project.demo",  # manage.py demo: a superuser and sample memories for the admin
 ]
 
 MIDDLEWARE = [

@@ -67,7 +67,9 @@ def test_changelist_filters_and_search(admin_client, agent, settings):
         assert response.status_code == 200
         return sorted((m.session_id, m.key) for m in response.context["cl"].result_list)
 
-    assert rows(q="user-") == [("user-1", "plan"), ("user-1", "prefs"), ("user-2", "prefs")]
+    assert rows(q="user-*") == [("user-1", "plan"), ("user-1", "prefs"), ("user-2", "prefs")]
+    assert rows(q="user-1") == [("user-1", "plan"), ("user-1", "prefs")]
+    assert rows(q="user-") == []
     assert rows(q="user-1/pl") == [("user-1", "plan")]
     assert rows(status="forgotten") == [("other", "prefs")]
     assert rows(status="live") == [("user-1", "plan"), ("user-1", "prefs"), ("user-2", "prefs")]
