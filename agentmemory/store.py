@@ -22,6 +22,7 @@ from .conf import get_config
 from .errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op
 from .records import MemoryRecord, MemoryVersionRecord
+from .sql import LockedRow, Statements, decode_json, encode_json, statements_for, to_datetime
 from .vendors import Transient, classify, insert_if_missing
 
 T = TypeVar("T")
@@ -262,20 +263,23 @@ class MemoryStore:
         """Live memories of the session: the given ``keys``, those starting with ``prefix``, or
         all of them. Missing, forgotten and expired keys are absent from the result."""
         session_id = validation.check_session_id(session_id)
-        rows = self._memories().filter(session_id=session_id, state=MemoryState.LIVE)
         if keys is not None and prefix is not None:
             raise InvalidMemory("prefix", "pass keys or prefix, not both")
         if keys is not None:
             if isinstance(keys, str):
                 raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
             wanted = sorted({validation.check_key(k) for k in keys})
+            if not wanted:
+                return {}
             # Inside the caller's transaction Redis is bypassed: it holds only committed
             # versions (the caller must read its own writes), and a fill from this transaction's
             # view could publish data that is later rolled back.
             if self.cache is not None and not connections[self.using].in_atomic_block:
                 return self._reading(lambda: self._recall_cached(session_id, wanted))
-            rows = rows.filter(key__in=wanted)
-        elif prefix is not None:
+            self._local.source = "database"
+            return self._reading(lambda: self._recall_keys(session_id, wanted))
+        rows = self._memories().filter(session_id=session_id, state=MemoryState.LIVE)
+        if prefix is not None:
             if not isinstance(prefix, str) or len(prefix) > validation.KEY_MAX:
                 raise InvalidMemory(
                     "prefix", f"must be a str of at most {validation.KEY_MAX} characters"
@@ -283,6 +287,14 @@ class MemoryStore:
             rows = rows.filter(key__startswith=prefix)
         self._local.source = "database"
         return self._reading(lambda: self._recall_rows(session_id, rows, prefix))
+
+    def _recall_keys(self, session_id: str, keys: list[str]) -> dict[str, MemoryRecord]:
+        now = clock.now()
+        return {
+            key: record
+            for key, state, _version, record in self._load(session_id, keys)
+            if state == MemoryState.LIVE and (record.expires_at is None or record.expires_at > now)
+        }
 
     def _recall_rows(
         self, session_id: str, rows: Any, prefix: str | None
@@ -337,17 +349,25 @@ class MemoryStore:
     def _load(self, session_id: str, keys: list[str]) -> list[tuple[str, str, int, Any]]:
         """(key, state, version, record) of these keys whatever their state; a key with no
         row is version 0."""
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            cursor.execute(statements_for(connection).read_keys(len(keys)), [session_id, *keys])
+            found = cursor.fetchall()
         rows = {
             key: (
                 state,
                 version,
-                MemoryRecord(session_id, key, value, version, created, updated, expires),
+                MemoryRecord(
+                    session_id,
+                    key,
+                    decode_json(raw),
+                    version,
+                    to_datetime(created),
+                    to_datetime(updated),
+                    to_datetime(expires),
+                ),
             )
-            for key, state, value, version, created, updated, expires in self._memories()
-            .filter(session_id=session_id, key__in=keys)
-            .values_list(
-                "key", "state", "value", "version", "created_at", "updated_at", "expires_at"
-            )
+            for key, state, raw, version, created, updated, expires in found
         }
         absent = (MemoryState.FORGOTTEN, 0, None)
         return [(key, *rows.get(key, absent)) for key in keys]
@@ -470,16 +490,27 @@ class MemoryStore:
         updates[key] = (record, row.version)
         return record
 
-    def _lock_row(self, session_id: str, key: str, now: datetime, *, create: bool) -> Memory | None:
-        locked = self._locking().filter(session_id=session_id, key=key)
-        row = locked.first()
-        if row is None and create:
-            # Insert-if-missing, then lock: two writers racing to create a key never make two
-            # rows, and neither sees an IntegrityError. The placeholder (version 0, not live) is
-            # overwritten below in the same transaction, or rolled back with it.
-            self._insert_placeholder(session_id, key, now)
-            row = locked.first()
-        return row
+    def _lock_row(
+        self, session_id: str, key: str, now: datetime, *, create: bool
+    ) -> LockedRow | None:
+        connection = connections[self.using]
+        lock = self._lock_statement(statements_for(connection))
+        with connection.cursor() as cursor:
+            cursor.execute(lock, [session_id, key])
+            found = cursor.fetchone()
+            if found is None and create:
+                # Insert-if-missing, then lock: two writers racing to create a key never make
+                # two rows, and neither sees an IntegrityError. The placeholder (version 0, not
+                # live) is overwritten below in the same transaction, or rolled back with it.
+                self._insert_placeholder(session_id, key, now)
+                cursor.execute(lock, [session_id, key])
+                found = cursor.fetchone()
+        if found is None:
+            return None
+        row_id, session_id, key, version, state, raw, created, expires = found
+        return LockedRow(
+            row_id, session_id, key, version, state, raw, to_datetime(created), to_datetime(expires)
+        )
 
     def _insert_placeholder(self, session_id: str, key: str, now: datetime) -> None:
         """Insert-if-missing a version-0 row that is not live: the row the write then locks and
@@ -494,14 +525,14 @@ class MemoryStore:
         }
         insert_if_missing(connections[self.using], Memory, values)
 
-    def _locking(self) -> Any:
-        """The rows a write reads, with the row lock (``SELECT ... FOR UPDATE``; a no-op on
-        SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers)."""
-        return self._memories().select_for_update()
+    def _lock_statement(self, statements: Statements) -> str:
+        """The statement a write reads its row with: ``SELECT ... FOR UPDATE`` (plain on SQLite,
+        whose ``BEGIN IMMEDIATE`` already serializes writers)."""
+        return statements.lock
 
     def _append(
         self,
-        row: Memory,
+        row: LockedRow,
         op: str,
         value: Any,
         now: datetime,
@@ -514,27 +545,24 @@ class MemoryStore:
         row.state = {Op.FORGET: MemoryState.FORGOTTEN, Op.EXPIRE: MemoryState.EXPIRED}.get(
             op, MemoryState.LIVE
         )
-        row.updated_at = now
         row.expires_at = expires_at
-        row.save(
-            using=self.using,
-            update_fields=["version", "value", "state", "created_at", "updated_at", "expires_at"],
-        )
-        MemoryVersion.objects.using(self.using).create(
-            memory=row,
-            version=row.version,
-            op=op,
-            value=value,
-            created_at=now,
-            expires_at=expires_at,
-            request_id=request_id,
-        )
+        connection = connections[self.using]
+        statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
+        text, at, until = encode_json(value), adapt(now), adapt(expires_at)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                statements.update_row,
+                [row.version, text, row.state, adapt(row.created_at), at, until, row.id],
+            )
+            cursor.execute(
+                statements.insert_version, [row.id, row.version, op, text, at, until, request_id]
+            )
 
-    def _find_request(self, row: Memory, request_id: str) -> Any:
+    def _find_request(self, row: LockedRow | Memory, request_id: str) -> Any:
         """The result of an earlier attempt or call with the same request id, if it committed."""
         done = (
             MemoryVersion.objects.using(self.using)
-            .filter(memory=row, request_id=request_id)
+            .filter(memory_id=row.id, request_id=request_id)
             .first()
         )
         if done is None:

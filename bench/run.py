@@ -398,8 +398,8 @@ def round_trips(alias: str) -> dict[str, Any]:
         ours = len(sent) / n + (1 if connection.vendor == "sqlite" else 2)
         # the raw protocol: BEGIN (IMMEDIATE), 4 statements, COMMIT
         theirs = 6.0
-        how = "client-counted statements" + (
-            " + BEGIN/COMMIT" if connection.vendor != "sqlite" else ""
+        how = "client-counted statements + COMMIT" + (
+            "" if connection.vendor == "sqlite" else " + BEGIN"
         )
     connections.close_all()
     return {

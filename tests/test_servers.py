@@ -189,8 +189,8 @@ def lost_connection_error() -> BaseException:
 class NoRowLockStore(MemoryStore):
     """The store with ``select_for_update`` removed: what the row lock is for."""
 
-    def _locking(self):
-        return self._memories()
+    def _lock_statement(self, statements):
+        return statements.lock_plain
 
 
 def test_without_the_row_lock_concurrent_updates_fail_on_servers():

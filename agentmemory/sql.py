@@ -1,0 +1,120 @@
+"""The store's hot statements, written once per database vendor and run through Django's cursor.
+
+The write path and recall run the same four statements millions of times; building them with the
+ORM costs more CPU than the database spends running them (profiled: about two thirds of a
+``remember`` on MariaDB was query compilation). They are written here instead, from the models'
+metadata, and still go through Django's connection: its transactions, ``on_commit``, execute
+wrappers and error translation all apply.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from .models import Memory, MemoryVersion
+
+_UNSET: Any = object()
+
+
+@dataclass
+class LockedRow:
+    """A live row as the write path holds it under its lock. The stored JSON is decoded only
+    if something asks for ``value`` (``update(fn)``, a revert), not on every write."""
+
+    id: int
+    session_id: str
+    key: str
+    version: int
+    state: str
+    raw_value: Any
+    created_at: datetime
+    expires_at: datetime | None
+    _value: Any = _UNSET
+
+    @property
+    def value(self) -> Any:
+        if self._value is _UNSET:
+            self._value = decode_json(self.raw_value)
+        return self._value
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        self._value = value
+
+
+def decode_json(raw: Any) -> Any:
+    return json.loads(raw) if isinstance(raw, str | bytes) else raw
+
+
+def to_datetime(raw: Any) -> datetime | None:
+    """A datetime column as the driver returns it (SQLite: text; MySQL: naive UTC) -> aware."""
+    if raw is None:
+        return None
+    value = parse_datetime(raw) if isinstance(raw, str) else raw
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Statements:
+    vendor: str
+    quote_key: str
+    lock: str
+    lock_plain: str
+    update_row: str
+    insert_version: str
+
+    def read_keys(self, count: int) -> str:
+        """The rows of ``count`` keys of one session, whatever their state."""
+        return _read_keys(self.quote_key, count)
+
+
+@cache
+def _build(vendor: str, quote_key: str, select_for_update: bool) -> Statements:
+    memory, version = Memory._meta.db_table, MemoryVersion._meta.db_table
+    json_param = "%s::jsonb" if vendor == "postgresql" else "%s"
+    columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
+    where = f"WHERE session_id = %s AND {quote_key} = %s"
+    plain = f"SELECT {columns} FROM {memory} {where}"
+    return Statements(
+        vendor=vendor,
+        quote_key=quote_key,
+        lock=plain + (" FOR UPDATE" if select_for_update else ""),
+        lock_plain=plain,
+        update_row=(
+            f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
+            "created_at = %s, updated_at = %s, expires_at = %s WHERE id = %s"
+        ),
+        insert_version=(
+            f"INSERT INTO {version} (memory_id, version, op, value, created_at, expires_at, "
+            f"request_id) VALUES (%s, %s, %s, {json_param}, %s, %s, %s)"
+        ),
+    )
+
+
+@cache
+def _read_keys(quote_key: str, count: int) -> str:
+    placeholders = ", ".join(["%s"] * count)
+    return (
+        f"SELECT {quote_key}, state, value, version, created_at, updated_at, expires_at "
+        f"FROM {Memory._meta.db_table} WHERE session_id = %s AND {quote_key} IN ({placeholders})"
+    )
+
+
+def statements_for(connection: Any) -> Statements:
+    return _build(
+        connection.vendor,
+        connection.ops.quote_name("key"),
+        bool(connection.features.has_select_for_update),
+    )
+
+
+def encode_json(value: Any) -> str | None:
+    """What the value column receives: JSON text, or SQL NULL for None (as Django's JSONField
+    with ``null=True`` stores it)."""
+    return None if value is None else json.dumps(value, ensure_ascii=False, allow_nan=False)
