@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv themselves on a fresh machine.
-.PHONY: memcheck test demo lint
+.PHONY: memcheck test demo bench bench-quick lint
 
 # The main job: memcheck on the embedded SQLite default.
 memcheck:
@@ -17,6 +17,18 @@ demo:
 	@.venv/bin/python manage.py migrate --verbosity 0
 	@.venv/bin/python manage.py demo
 	@.venv/bin/python manage.py runserver
+
+# Benchmarks against the raw drivers and LangGraph's stores: docs/benchmarks.{json,md,png}.
+bench:
+	@bash scripts/bootstrap.sh
+	@bash scripts/services.sh
+	@.venv/bin/python bench/run.py
+
+# The same in under a minute, into out/ (CI runs it; it asserts no speed).
+bench-quick:
+	@bash scripts/bootstrap.sh
+	@bash scripts/services.sh
+	@.venv/bin/python bench/run.py --quick
 
 lint:
 	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .

@@ -56,7 +56,13 @@ def to_datetime(raw: Any) -> datetime | None:
     """A datetime column as the driver returns it (SQLite: text; MySQL: naive UTC) -> aware."""
     if raw is None:
         return None
-    value = parse_datetime(raw) if isinstance(raw, str) else raw
+    if isinstance(raw, str):
+        try:
+            value = datetime.fromisoformat(raw)
+        except ValueError:
+            value = parse_datetime(raw)
+    else:
+        value = raw
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 

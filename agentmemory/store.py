@@ -255,7 +255,7 @@ class MemoryStore:
         if version is not None:
             version = validation.check_version("version", version, minimum=1)
             return self._reading(lambda: self._recall_version(session_id, key, version))
-        return self.recall_many(session_id, [key]).get(key)
+        return self._recall(session_id, [key]).get(key)
 
     def recall_many(
         self, session_id: str, keys: Iterable[str] | None = None, *, prefix: str | None = None
@@ -269,15 +269,7 @@ class MemoryStore:
             if isinstance(keys, str):
                 raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
             wanted = sorted({validation.check_key(k) for k in keys})
-            if not wanted:
-                return {}
-            # Inside the caller's transaction Redis is bypassed: it holds only committed
-            # versions (the caller must read its own writes), and a fill from this transaction's
-            # view could publish data that is later rolled back.
-            if self.cache is not None and not connections[self.using].in_atomic_block:
-                return self._reading(lambda: self._recall_cached(session_id, wanted))
-            self._local.source = "database"
-            return self._reading(lambda: self._recall_keys(session_id, wanted))
+            return self._recall(session_id, wanted) if wanted else {}
         rows = self._memories().filter(session_id=session_id, state=MemoryState.LIVE)
         if prefix is not None:
             if not isinstance(prefix, str) or len(prefix) > validation.KEY_MAX:
@@ -287,6 +279,16 @@ class MemoryStore:
             rows = rows.filter(key__startswith=prefix)
         self._local.source = "database"
         return self._reading(lambda: self._recall_rows(session_id, rows, prefix))
+
+    def _recall(self, session_id: str, keys: list[str]) -> dict[str, MemoryRecord]:
+        """Validated ids in, live records out: Redis first when there is a cache tier."""
+        # Inside the caller's transaction Redis is bypassed: it holds only committed versions
+        # (the caller must read its own writes), and a fill from this transaction's view could
+        # publish data that is later rolled back.
+        if self.cache is not None and not connections[self.using].in_atomic_block:
+            return self._reading(lambda: self._recall_cached(session_id, keys))
+        self._local.source = "database"
+        return self._reading(lambda: self._recall_keys(session_id, keys))
 
     def _recall_keys(self, session_id: str, keys: list[str]) -> dict[str, MemoryRecord]:
         now = clock.now()

@@ -3,6 +3,7 @@ sqlite3, mysqlclient and psycopg, on the same tables -- the limit the store is m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -115,7 +116,11 @@ class Driver:
                 import psycopg
 
                 conn = psycopg.connect(
-                    host=s["HOST"], port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"]
+                    host=s["HOST"],
+                    port=s["PORT"] or 5432,
+                    user=s["USER"],
+                    dbname=s["NAME"],
+                    autocommit=True,  # as Django runs it: a read is one round trip
                 )
             self._local.conn = conn
         return conn
@@ -149,8 +154,7 @@ class Driver:
         conn = self.connection()
         cursor = conn.cursor()
         text = json.dumps(value)
-        if self.begin:
-            cursor.execute(self.begin)
+        cursor.execute(self.begin)
         for key in keys:
             now = datetime.now(UTC)
             stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f") if self.vendor == "sqlite" else now
@@ -161,27 +165,17 @@ class Driver:
             row_id, version = cursor.fetchone()
             cursor.execute(self.sql_update, (text, version + 1, stamp, row_id))
             cursor.execute(self.sql_history, (row_id, version + 1, text, stamp, uuid.uuid4().hex))
-        if self.vendor == "sqlite":
-            cursor.execute("COMMIT")
-        else:
-            conn.commit()
+        cursor.execute("COMMIT")
 
     def _rollback(self) -> None:
-        conn = self.connection()
-        try:
-            if self.vendor == "sqlite":
-                conn.execute("ROLLBACK")
-            else:
-                conn.rollback()
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):
+            self.connection().cursor().execute("ROLLBACK")
 
     def read(self, session: str, key: str) -> Any:
         conn = self.connection()
         cursor = conn.cursor()
         cursor.execute(self.sql_read, (session, key))
         row = cursor.fetchone()
-        if self.vendor == "postgresql":
-            conn.rollback()  # end the implicit read transaction, as autocommit would
-            return row[0] if row else None  # psycopg decodes jsonb itself
-        return json.loads(row[0]) if row else None
+        if row is None:
+            return None
+        return row[0] if self.vendor == "postgresql" else json.loads(row[0])  # psycopg decodes
