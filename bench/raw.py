@@ -88,7 +88,7 @@ class Driver:
             f"SELECT value, version, expires_at FROM {MEMORY} "
             f"WHERE session_id = {p} AND {key} = {p} AND state = 'live'"
         )
-        self.begin = {"sqlite": "BEGIN IMMEDIATE", "mysql": "BEGIN", "postgresql": None}[
+        self.begin = {"sqlite": "BEGIN IMMEDIATE", "mysql": "BEGIN", "postgresql": "BEGIN"}[
             self.vendor
         ]
 

@@ -89,11 +89,14 @@ def redis_available() -> bool:
 def run_threads(threads: int, work: Callable[[int], int]) -> float:
     """ops/s of ``work(thread index) -> ops done`` in ``threads`` threads started together."""
     barrier, done = threading.Barrier(threads + 1), [0] * threads
+    errors: list[BaseException] = []
 
     def body(index: int) -> None:
         barrier.wait()
         try:
             done[index] = work(index)
+        except BaseException as exc:
+            errors.append(exc)
         finally:
             connections.close_all()
 
@@ -104,6 +107,8 @@ def run_threads(threads: int, work: Callable[[int], int]) -> float:
     started = time.perf_counter()
     for thread in pool:
         thread.join()
+    if errors:
+        raise errors[0]
     return sum(done) / (time.perf_counter() - started)
 
 
@@ -518,7 +523,7 @@ def chart(report: dict[str, Any], path: Path) -> None:
         if "ops_per_s" in r
         for label, base in r["baselines"].items()
     ]
-    fig, ax = plt.subplots(figsize=(11, 0.32 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 1.5))
     colours = ["#1565c0" if "raw" in label else "#ef6c00" for _, label, _ in rows]
     ax.barh(range(len(rows)), [ratio for *_, ratio in rows], color=colours)
     ax.set_yticks(
@@ -531,7 +536,7 @@ def chart(report: dict[str, Any], path: Path) -> None:
     ax.axvline(0.6, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("store / baseline, median ops/s (dashed: the 0.6x target against the raw driver)")
     ax.set_title("agentmemory against the raw-driver limit (blue) and LangGraph's stores (orange)")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.4, right=0.97, top=0.97, bottom=0.06)
     fig.savefig(path, dpi=110)
 
 
@@ -541,7 +546,15 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,mariadb,postgres")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON/MD/PNG")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="only redraw the table and chart of a report"
+    )
     args = parser.parse_args()
+    if args.render:
+        report = json.loads(args.render.read_text())
+        args.render.with_suffix(".md").write_text(markdown(report))
+        chart(report, args.render.with_suffix(".png"))
+        return
     mode = "quick" if args.quick else "full"
     size, repeats = SIZES[mode], args.repeats or (1 if args.quick else 3)
     out = args.out or (settings.OUT if args.quick else ROOT / "docs")
