@@ -59,7 +59,10 @@ class Command(BaseCommand):
         )
         budget = parser.add_mutually_exclusive_group()
         budget.add_argument(
-            "--ops", type=positive, default=None, help="total operations (default 2000)"
+            "--ops",
+            type=positive,
+            default=None,
+            help="total operations (default 2000; with --faults, 10 seconds instead)",
         )
         budget.add_argument("--seconds", type=float, default=None, help="run for S seconds instead")
         parser.add_argument(
@@ -123,12 +126,15 @@ class Command(BaseCommand):
             ) from exc
         if options["audit"]:
             return self._audit(database, options["format"], options["grace"])
+        # Without a budget: 2,000 operations; under faults 10 seconds, so that every kind of
+        # fault is injected several times (2,000 operations take about two seconds).
+        default_ops, default_seconds = (2000, None) if options["faults"] == "none" else (None, 10.0)
         config = WorkloadConfig(
             workers=options["workers"],
             keys=options["keys"],
             seed=options["seed"],
-            ops=options["ops"] if options["ops"] or options["seconds"] else 2000,
-            seconds=options["seconds"],
+            ops=options["ops"] if options["ops"] or options["seconds"] else default_ops,
+            seconds=options["seconds"] if options["ops"] or options["seconds"] else default_seconds,
             workloads=options["workloads"],
         )
         try:
