@@ -130,7 +130,7 @@ def test_cache_faults_catch_a_cache_tier_without_its_fence(monkeypatch):
     monkeypatch.setattr(MemoryCache, "_record_pending", lambda self, session_id, keys: None)
     found = Counter()
     for seed in range(3):
-        code, report = run_json("--faults", "cache", "--ops", "2000", "--seed", str(seed))
+        code, report = run_json("--faults", "cache", "--seconds", "6", "--seed", str(seed))
         found.update(a["check"] for a in report["anomalies"])
         if found["stale-read"]:
             break
