@@ -378,17 +378,17 @@ class MemoryAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(url)
 
     def forget_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        def act(store: MemoryStore, memory: Memory, expected: int) -> str | None:
-            if store.forget(memory.session_id, memory.key, expected_version=expected):
-                return f"Forgot the memory (version {expected} -> {expected + 1})."
-            return None
-
-        return self._act(request, pk, act)
+        return self._retire(request, pk, "forget", "Forgot the memory")
 
     def expire_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return self._retire(request, pk, "expire", "Expired the memory now")
+
+    def _retire(self, request: HttpRequest, pk: int, method: str, done: str) -> HttpResponse:
+        """Forget or expire: a version that retires the live memory."""
+
         def act(store: MemoryStore, memory: Memory, expected: int) -> str | None:
-            if store.expire(memory.session_id, memory.key, expected_version=expected):
-                return f"Expired the memory now (version {expected} -> {expected + 1})."
+            if getattr(store, method)(memory.session_id, memory.key, expected_version=expected):
+                return f"{done} (version {memory.version} -> {memory.version + 1})."
             return None
 
         return self._act(request, pk, act)
