@@ -351,18 +351,30 @@ def langgraph_figures(alias: str, size: dict, repeats: int) -> list[dict[str, An
     rows = []
     with Peer.from_conn_string(conn) as peer:
         peer.setup()
-        ours, theirs, our_reads, their_reads = [], [], [], []
+        from agentmemory.integrations.langgraph import AgentMemoryStore
+
+        ours_lg = AgentMemoryStore(store)
+        ours, theirs, our_reads, their_reads, lg_puts, lg_gets = [], [], [], [], [], []
         for _ in range(repeats):
             s = f"bench-lg-{uuid.uuid4().hex[:8]}"
             keys = [f"k{i % 20}" for i in range(writes)]
-            ours.append(run_threads(1, bind(store.remember, s, keys, value)))
-            theirs.append(run_threads(1, bind(peer.put, (s,), keys, value)))
+            # In this (main) thread, as a graph's caller would: ops/s of one put after another.
+            ours.append(timed_reads(lambda k, s=s: store.remember(s, k, value), keys, 1)["ops"])
+            theirs.append(
+                timed_reads(lambda k, s=s: peer.put((s,), k, value) or True, keys, 1)["ops"]
+            )
+            lg_puts.append(
+                timed_reads(lambda k, s=s: ours_lg.put((s,), k, value) or True, keys, 1)["ops"]
+            )
             keys = keys[:20]
             our_reads.append(timed_reads(bind_read(store.recall, s), keys, rounds)["ops"])
             their_reads.append(timed_reads(bind_read(peer.get, (s,)), keys, rounds)["ops"])
+            lg_gets.append(timed_reads(bind_read(ours_lg.get, (s,)), keys, rounds)["ops"])
     label = f"LangGraph {Peer.__name__} (no versions, no history)"
     rows.append(figure(alias, False, "remember vs put, 1 thread", ours, {label: theirs}))
     rows.append(figure(alias, False, "recall vs get, database", our_reads, {label: their_reads}))
+    rows.append(figure(alias, False, "AgentMemoryStore.put vs put", lg_puts, {label: theirs}))
+    rows.append(figure(alias, False, "AgentMemoryStore.get vs get", lg_gets, {label: their_reads}))
     return rows
 
 

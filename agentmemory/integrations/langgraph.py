@@ -1,0 +1,319 @@
+"""agentmemory as a LangGraph ``BaseStore``: LangGraph agents keep their code, and every ``put``
+becomes a versioned write (history, revert, admin and memcheck see it), with a compare-and-set put
+and a read-modify-write helper for parallel nodes that update shared memory.
+
+    from agentmemory.integrations.langgraph import AgentMemoryStore
+    graph = builder.compile(store=AgentMemoryStore())
+
+Namespaces map to sessions reversibly: ``("users", "ada")`` is session ``lg:users/ada/`` (each label
+percent-encoded, so look-alike labels never meet). Items are memories whose values are dicts.
+
+Not supported: semantic (vector) search -- a ``search(..., query=...)`` raises
+``NotImplementedError`` rather than silently returning unranked items; ``index`` on put is accepted
+and ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote, unquote
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+)
+
+from .. import clock
+from ..errors import InvalidMemory, VersionConflict
+from ..models import Memory, MemoryState
+from ..store import MemoryStore
+from ..validation import SESSION_ID_MAX
+
+PREFIX = "lg:"
+OPERATORS = {
+    "$eq": lambda a, b: a == b,
+    "$ne": lambda a, b: a != b,
+    "$gt": lambda a, b: a > b,
+    "$gte": lambda a, b: a >= b,
+    "$lt": lambda a, b: a < b,
+    "$lte": lambda a, b: a <= b,
+}
+
+
+def session_of(namespace: tuple[str, ...]) -> str:
+    """The session id of a namespace: reversible, and distinct for distinct namespaces."""
+    session = PREFIX + "".join(quote(label, safe="") + "/" for label in namespace)
+    if len(session) > SESSION_ID_MAX:
+        raise InvalidNamespaceError(
+            f"namespace {namespace!r} is {len(session)} characters as an agentmemory session "
+            f"id ({session!r}); the limit is {SESSION_ID_MAX}"
+        )
+    return session
+
+
+def namespace_of(session_id: str) -> tuple[str, ...]:
+    return tuple(unquote(label) for label in session_id[len(PREFIX) :].split("/")[:-1])
+
+
+class AgentMemoryStore(BaseStore):
+    """LangGraph's store interface over a :class:`~agentmemory.MemoryStore`.
+
+    ``ttl`` follows LangGraph's ``TTLConfig``: ``default_ttl`` in minutes for puts that give none,
+    ``refresh_on_read`` to push an item's expiry back when it is read (a new version, written with
+    compare-and-set so that it never overwrites a newer write)."""
+
+    supports_ttl = True
+
+    def __init__(self, store: MemoryStore | None = None, *, ttl: TTLConfig | None = None) -> None:
+        self.store = store or MemoryStore()
+        self.ttl_config = ttl or TTLConfig(refresh_on_read=True)
+
+    # ---------------------------------------------------------------- BaseStore
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        with self._released():
+            return self._batch(ops)
+
+    @contextmanager
+    def _released(self) -> Iterator[None]:
+        """LangGraph runs nodes in its own worker threads, where Django never ends a request:
+        their connections are released after each call as a request's would be (CONN_MAX_AGE
+        decides whether that closes them)."""
+        try:
+            yield
+        finally:
+            connection = connections[self.store.using]
+            if threading.current_thread() is not threading.main_thread() and not (
+                connection.in_atomic_block
+            ):
+                connection.close_if_unusable_or_obsolete()
+
+    def _batch(self, ops: Iterable[Op]) -> list[Result]:
+        results: list[Result] = []
+        for op in ops:
+            if isinstance(op, GetOp):
+                results.append(self._get(op))
+            elif isinstance(op, PutOp):
+                self._put(op)
+                results.append(None)
+            elif isinstance(op, SearchOp):
+                results.append(self._search(op))
+            elif isinstance(op, ListNamespacesOp):
+                results.append(self._list_namespaces(op))
+            else:
+                raise TypeError(f"unknown LangGraph store operation {op!r}")
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        return await sync_to_async(self.batch)(list(ops))
+
+    # ---------------------------------------------------------------- what LangGraph's stores lack
+
+    def put_if_version(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        expected_version: int,
+        *,
+        ttl: float | None = None,
+    ) -> int:
+        """Compare-and-set put: write only if the item is at ``expected_version`` (0: absent);
+        returns the new version, or raises :class:`~agentmemory.VersionConflict`."""
+        with self._released():
+            record = self.store.remember(
+                session_of(namespace),
+                key,
+                dict(value),
+                ttl=self._ttl_seconds(ttl),
+                expected_version=expected_version,
+            )
+        return record.version
+
+    def modify(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        fn: Callable[[dict[str, Any] | None], Mapping[str, Any]],
+        *,
+        ttl: float | None = None,
+    ) -> Item:
+        """Read-modify-write under the row lock: ``fn(current value or None)`` -> new value.
+        Parallel nodes calling this never lose each other's updates."""
+        with self._released():
+            record = self.store.update(
+                session_of(namespace),
+                key,
+                lambda current: dict(fn(current)),
+                ttl=self._ttl_seconds(ttl),
+            )
+        return self._item(namespace, record)
+
+    def version_of(self, namespace: tuple[str, ...], key: str) -> int:
+        """The item's current version (0 if absent), for :meth:`put_if_version`."""
+        with self._released():
+            record = self.store.recall(session_of(namespace), key)
+        return record.version if record else 0
+
+    def history(self, namespace: tuple[str, ...], key: str) -> list[Any]:
+        with self._released():
+            return self.store.history(session_of(namespace), key)
+
+    # ---------------------------------------------------------------- operations
+
+    def _get(self, op: GetOp) -> Item | None:
+        session = session_of(op.namespace)
+        record = self.store.recall(session, op.key)
+        if record is None:
+            return None
+        if op.refresh_ttl and self.ttl_config.get("refresh_on_read"):
+            record = self._refresh(record)
+        return self._item(op.namespace, record)
+
+    def _put(self, op: PutOp) -> None:
+        session = session_of(op.namespace)
+        if op.value is None:
+            self.store.forget(session, op.key)
+            return
+        if not isinstance(op.value, Mapping):
+            raise InvalidMemory(
+                "value", f"LangGraph items are dicts, got {type(op.value).__name__}"
+            )
+        self.store.remember(session, op.key, dict(op.value), ttl=self._ttl_seconds(op.ttl))
+
+    def _ttl_seconds(self, minutes: Any) -> float | None:
+        if minutes is None or not isinstance(minutes, int | float) or isinstance(minutes, bool):
+            minutes = self.ttl_config.get("default_ttl")  # NOT_PROVIDED or None
+        return None if minutes is None else float(minutes) * 60
+
+    def _refresh(self, record: Any) -> Any:
+        """Push the expiry back by the item's own TTL: a new version, only if none came since."""
+        if record.expires_at is None:
+            return record
+        ttl = record.expires_at - record.updated_at
+        try:
+            return self.store.remember(
+                record.session_id,
+                record.key,
+                record.value,
+                ttl=ttl,
+                expected_version=record.version,
+            )
+        except VersionConflict:
+            return record  # a newer write set its own expiry
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        if op.query:
+            raise NotImplementedError(
+                "agentmemory's LangGraph store has no vector index: search(query=...) is not "
+                "supported. Use namespace_prefix and filter, or LangGraph's PostgresStore with "
+                "an index for semantic search."
+            )
+        rows = self._rows_under(session_of(op.namespace_prefix) if op.namespace_prefix else PREFIX)
+        now = clock.now()
+        found = []
+        for row in rows.order_by("session_id", "key").iterator(chunk_size=500):
+            if row.expires_at is not None and row.expires_at <= now:
+                continue
+            if op.filter and not matches(row.value, op.filter):
+                continue
+            found.append(row)
+            if len(found) >= op.offset + op.limit:
+                break
+        items = []
+        refresh = op.refresh_ttl and self.ttl_config.get("refresh_on_read")
+        for row in found[op.offset :]:
+            value, created, updated = row.value, row.created_at, row.updated_at
+            if refresh and row.expires_at is not None:
+                record = self.store.recall(row.session_id, row.key)
+                if record is None:
+                    continue
+                record = self._refresh(record)
+                value, created, updated = record.value, record.created_at, record.updated_at
+            items.append(SearchItem(namespace_of(row.session_id), row.key, value, created, updated))
+        return items
+
+    def _rows_under(self, prefix: str) -> Any:
+        """Live rows of every session starting with ``prefix``: a range over the unique index
+        where the database orders session ids by code point (SQLite, MySQL family's binary
+        collation), ``LIKE 'prefix%'`` on PostgreSQL."""
+        rows = Memory.objects.using(self.store.using).filter(state=MemoryState.LIVE)
+        if connections[self.store.using].vendor in ("sqlite", "mysql"):
+            upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            return rows.filter(session_id__gte=prefix, session_id__lt=upper)
+        return rows.filter(session_id__startswith=prefix)
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        sessions = (
+            self._rows_under(PREFIX)
+            .values_list("session_id", flat=True)
+            .distinct()
+            .order_by("session_id")
+        )
+        namespaces: list[tuple[str, ...]] = []
+        seen = set()
+        for session in sessions.iterator(chunk_size=1000):
+            namespace = namespace_of(session)
+            if op.max_depth is not None:
+                namespace = namespace[: op.max_depth]
+            if namespace in seen or not all(
+                _matches_path(namespace, c.path, c.match_type) for c in op.match_conditions or ()
+            ):
+                continue
+            seen.add(namespace)
+            namespaces.append(namespace)
+        return namespaces[op.offset : op.offset + op.limit]
+
+    def _item(self, namespace: tuple[str, ...], record: Any) -> Item:
+        return Item(
+            value=record.value,
+            key=record.key,
+            namespace=namespace,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+def matches(value: Any, conditions: Mapping[str, Any]) -> bool:
+    """LangGraph's filter: equality, or ``{"$gt": 3}``-style operators; numbers compare as
+    numbers (LangGraph's PostgresStore compares them as text: "10" < "9")."""
+    if not isinstance(value, Mapping):
+        return False
+    for field, wanted in conditions.items():
+        actual = value
+        for part in field.split("."):
+            actual = actual.get(part) if isinstance(actual, Mapping) else None
+        if isinstance(wanted, Mapping) and wanted and all(k in OPERATORS for k in wanted):
+            for operator, operand in wanted.items():
+                try:
+                    if actual is None or not OPERATORS[operator](actual, operand):
+                        return False
+                except TypeError:  # "3" > 2: not comparable, not a match
+                    return False
+        elif actual != wanted:
+            return False
+    return True
+
+
+def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) -> bool:
+    if len(path) > len(namespace):
+        return False
+    part = namespace[: len(path)] if kind == "prefix" else namespace[len(namespace) - len(path) :]
+    return all(p == "*" or p == n for p, n in zip(path, part, strict=True))
+
+
+__all__ = ["AgentMemoryStore", "matches", "namespace_of", "session_of"]

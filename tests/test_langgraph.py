@@ -1,0 +1,178 @@
+"""agentmemory as a LangGraph BaseStore, on every backend, with and without Redis (the ``store``
+fixture), and a real LangGraph graph whose parallel nodes update one memory."""
+
+import asyncio
+import operator
+import time
+from typing import Annotated, TypedDict
+
+import pytest
+from langgraph.graph import START, StateGraph
+from langgraph.store.base import BaseStore, InvalidNamespaceError
+from langgraph.store.memory import InMemoryStore
+
+from agentmemory import clock
+from agentmemory.errors import VersionConflict
+from agentmemory.integrations.langgraph import AgentMemoryStore, namespace_of, session_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def lg(store):
+    return AgentMemoryStore(store)
+
+
+def test_put_get_delete_and_every_put_is_a_version(lg):
+    lg.put(("users", "ada"), "prefs", {"tone": "brief"})
+    first = lg.get(("users", "ada"), "prefs")
+    assert (first.value, first.key, first.namespace) == (
+        {"tone": "brief"},
+        "prefs",
+        ("users", "ada"),
+    )
+    time.sleep(0.01)
+    lg.put(("users", "ada"), "prefs", {"tone": "formal"})
+    second = lg.get(("users", "ada"), "prefs")
+    assert second.created_at == first.created_at and second.updated_at > first.updated_at
+    second.value["tone"] = "mutated"  # a copy, never a live reference
+    assert lg.get(("users", "ada"), "prefs").value == {"tone": "formal"}
+    lg.delete(("users", "ada"), "prefs")
+    assert lg.get(("users", "ada"), "prefs") is None
+    assert [(v.version, v.op) for v in lg.history(("users", "ada"), "prefs")] == [
+        (1, "write"),
+        (2, "write"),
+        (3, "forget"),
+    ]
+
+
+def test_namespaces_map_reversibly_and_look_alikes_never_meet(lg):
+    look_alikes = [("a",), ("a%",), ("a_",), ("A",), ("a", "b"), ("a/b",), ("a%2Fb",), ("a ",)]
+    for i, namespace in enumerate(look_alikes):
+        assert namespace_of(session_of(namespace)) == namespace
+        lg.put(namespace, "k", {"i": i})
+    assert [lg.get(ns, "k").value["i"] for ns in look_alikes] == list(range(len(look_alikes)))
+    with pytest.raises(InvalidNamespaceError, match="the limit is 128"):
+        lg.put(("x" * 130,), "k", {"v": 1})
+
+
+def test_search_by_prefix_with_filters_limit_and_offset(lg):
+    for i in range(12):
+        lg.put(("docs", "team-a" if i % 2 else "team-b"), f"d{i:02d}", {"n": i, "kind": "note"})
+    lg.put(("docsx",), "other", {"n": 100, "kind": "note"})
+    found = lg.search(("docs",), limit=100)
+    assert len(found) == 12 and all(item.namespace[0] == "docs" for item in found)
+    assert [(i.namespace, i.key) for i in found] == sorted((i.namespace, i.key) for i in found)
+    assert {i.value["n"] for i in lg.search(("docs",), filter={"n": {"$gt": 9}})} == {10, 11}
+    assert {i.value["n"] for i in lg.search(("docs",), filter={"n": {"$gte": 2, "$lt": 4}})} == {
+        2,
+        3,
+    }
+    assert len(lg.search(("docs", "team-a"), filter={"kind": "note"}, limit=100)) == 6
+    assert len(lg.search(("docs",), filter={"n": {"$ne": 3}}, limit=100)) == 11
+    page = lg.search(("docs",), limit=5, offset=10)
+    assert [i.key for i in page] == [i.key for i in found][10:15]
+    with pytest.raises(NotImplementedError, match="no vector index"):
+        lg.search(("docs",), query="similar to this")
+
+
+def test_list_namespaces_with_prefix_suffix_wildcards_and_depth(lg):
+    for namespace in [
+        ("users", "ada", "prefs"),
+        ("users", "bob", "prefs"),
+        ("users", "bob", "notes"),
+        ("teams", "x"),
+    ]:
+        lg.put(namespace, "k", {"v": 1})
+    assert lg.list_namespaces(prefix=("users",)) == [
+        ("users", "ada", "prefs"),
+        ("users", "bob", "notes"),
+        ("users", "bob", "prefs"),
+    ]
+    assert lg.list_namespaces(suffix=("prefs",)) == [
+        ("users", "ada", "prefs"),
+        ("users", "bob", "prefs"),
+    ]
+    assert lg.list_namespaces(prefix=("users", "*", "notes")) == [("users", "bob", "notes")]
+    assert lg.list_namespaces(max_depth=2) == [("teams", "x"), ("users", "ada"), ("users", "bob")]
+    assert lg.list_namespaces(limit=2, offset=1) == [
+        ("users", "ada", "prefs"),
+        ("users", "bob", "notes"),
+    ]
+
+
+def test_ttl_in_minutes_refresh_on_read_and_expired_items_never_returned(lg):
+    lg.put(("s",), "short", {"v": 1}, ttl=1)  # one minute
+    lg.put(("s",), "kept", {"v": 2})
+    clock.advance(50)
+    assert lg.get(("s",), "short") is not None  # refreshes: one more minute from now
+    clock.advance(50)
+    assert lg.get(("s",), "short", refresh_ttl=False) is not None
+    clock.advance(20)
+    assert lg.get(("s",), "short") is None
+    assert [i.key for i in lg.search(("s",))] == ["kept"]
+    plain = AgentMemoryStore(lg.store, ttl={"refresh_on_read": False, "default_ttl": 1})
+    plain.put(("t",), "k", {"v": 1})
+    clock.advance(50)
+    assert plain.get(("t",), "k") is not None
+    clock.advance(20)
+    assert plain.get(("t",), "k") is None
+
+
+def test_compare_and_set_put_and_read_modify_write(lg):
+    assert lg.put_if_version(("s",), "k", {"n": 1}, expected_version=0) == 1
+    with pytest.raises(VersionConflict):
+        lg.put_if_version(("s",), "k", {"n": 2}, expected_version=0)
+    assert lg.version_of(("s",), "k") == 1
+    item = lg.modify(("s",), "k", lambda v: {"n": v["n"] + 1})
+    assert item.value == {"n": 2}
+
+
+def test_async_twins(lg):
+    async def main():
+        await lg.aput(("s",), "k", {"v": 1})
+        return await lg.aget(("s",), "k"), await lg.asearch(("s",))
+
+    item, found = asyncio.run(main())
+    assert item.value == {"v": 1} and [i.key for i in found] == ["k"]
+
+
+# ---------------------------------------------------------------- a real graph, parallel nodes
+
+NODES, NAMESPACE = 8, ("team", "shared")
+
+
+class State(TypedDict):
+    done: Annotated[list[int], operator.add]
+
+
+def bump(store: BaseStore) -> None:
+    """What a node does to shared memory: the read-modify-write helper where the store has one,
+    else what LangGraph users write -- get, think (an LLM call), put."""
+    if isinstance(store, AgentMemoryStore):
+        store.modify(NAMESPACE, "counter", lambda v: {"n": (v or {}).get("n", 0) + 1})
+        return
+    item = store.get(NAMESPACE, "counter")
+    time.sleep(0.05)
+    store.put(NAMESPACE, "counter", {"n": (item.value["n"] if item else 0) + 1})
+
+
+def run_graph(store: BaseStore) -> int:
+    builder = StateGraph(State)
+    for i in range(NODES):
+
+        def node(state: State, *, store: BaseStore, i: int = i) -> dict:
+            bump(store)
+            return {"done": [i]}
+
+        builder.add_node(f"n{i}", node)
+        builder.add_edge(START, f"n{i}")
+    graph = builder.compile(store=store)
+    assert sorted(graph.invoke({"done": []})["done"]) == list(range(NODES))
+    return store.get(NAMESPACE, "counter").value["n"]
+
+
+def test_parallel_nodes_lose_nothing_here_and_lose_updates_on_langgraphs_own_store(lg):
+    assert run_graph(lg) == NODES  # 8 updates written, 8 kept
+    assert len(lg.history(NAMESPACE, "counter")) == NODES
+    assert run_graph(InMemoryStore()) < NODES  # LangGraph's store: last write wins
