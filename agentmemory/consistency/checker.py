@@ -6,6 +6,8 @@ in one pass over its history, near-linear in the number of operations.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -307,16 +309,23 @@ def _check_reads(
     writers: dict[str, Operation],
     report: Any,
 ) -> None:
-    # Versions acknowledged so far, in completion order, to find the newest one a read must see.
+    # Acknowledged versions in completion order, with the newest version acknowledged by each
+    # point: a read must see at least the newest one acknowledged before it began (a bisection
+    # per read, not a scan of every acknowledgement).
     acks = sorted(
-        (op.completed_at or 0.0, op.version or 0, op)
-        for op in ops
-        if op.status == "ok" and op.is_write and op.version
+        (
+            (op.completed_at or 0.0, op.version or 0)
+            for op in ops
+            if op.status == "ok" and op.is_write and op.version
+        ),
     )
+    done_at = [done for done, _ in acks]
+    newest = list(itertools.accumulate((version for _, version in acks), max))
     for op in ops:
         if op.kind != "recall" or op.status != "ok":
             continue
-        floor = max((version for done, version, _ in acks if done < op.invoked_at), default=0)
+        acked_before = bisect.bisect_left(done_at, op.invoked_at)
+        floor = newest[acked_before - 1] if acked_before else 0
         if op.result is None and op.version is None:
             if floor and not _absent_during(by_version, floor, op):
                 report(
