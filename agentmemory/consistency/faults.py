@@ -104,6 +104,7 @@ class Nemesis:
         self._ids: dict[int, Any] = {}  # server-side id -> the worker's connection wrapper
         self._ids_lock = threading.Lock()
         self._stop = threading.Event()
+        self._admin: Any = None
         self._thread = threading.Thread(target=self._loop, name="memcheck-nemesis", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
@@ -129,6 +130,10 @@ class Nemesis:
                 self._redis_admin().execute_command("CLIENT", "UNPAUSE")
             except Exception as exc:  # reported; the run goes on
                 self.errors.append(f"cache-pause: could not unpause: {exc}")
+        if self._admin is not None:
+            self._admin.close()
+            self._admin.connection_pool.disconnect()
+            self._admin = None
 
     # ------------------------------------------------------------------ the workers' connections
 
@@ -231,10 +236,16 @@ class Nemesis:
         return True
 
     def _redis_admin(self) -> Any:
-        import redis
+        """The nemesis's own Redis connection (outside the store's pool, which it breaks): one
+        per nemesis, closed by :meth:`stop`."""
+        if self._admin is None:
+            import redis
 
-        pool = self.cache._client().connection_pool
-        kwargs = {**pool.connection_kwargs, "socket_timeout": 5, "socket_connect_timeout": 5}
-        return redis.Redis(
-            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
-        )
+            pool = self.cache._client().connection_pool
+            kwargs = {**pool.connection_kwargs, "socket_timeout": 5, "socket_connect_timeout": 5}
+            self._admin = redis.Redis(
+                connection_pool=redis.ConnectionPool(
+                    connection_class=pool.connection_class, **kwargs
+                )
+            )
+        return self._admin
