@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -68,7 +68,6 @@ def to_datetime(raw: Any) -> datetime | None:
 
 @dataclass(frozen=True)
 class Statements:
-    vendor: str
     quote_key: str
     lock: str
     lock_plain: str
@@ -88,7 +87,6 @@ def _build(vendor: str, quote_key: str, select_for_update: bool) -> Statements:
     where = f"WHERE session_id = %s AND {quote_key} = %s"
     plain = f"SELECT {columns} FROM {memory} {where}"
     return Statements(
-        vendor=vendor,
         quote_key=quote_key,
         lock=plain + (" FOR UPDATE" if select_for_update else ""),
         lock_plain=plain,
@@ -103,7 +101,7 @@ def _build(vendor: str, quote_key: str, select_for_update: bool) -> Statements:
     )
 
 
-@cache
+@lru_cache(maxsize=256)  # bounded: recall_many may be called with any number of keys
 def _read_keys(quote_key: str, count: int) -> str:
     placeholders = ", ".join(["%s"] * count)
     return (
