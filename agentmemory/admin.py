@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 from django import forms
@@ -22,6 +23,7 @@ from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast, Left
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -32,16 +34,31 @@ from .conf import get_config
 from .errors import InvalidMemory, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion
 from .store import MemoryStore
+from .vendors import prefix_filter
 
 #: A filtered changelist counts at most this many rows ("10000+" beyond).
 COUNT_CAP = 10_000
 #: Versions shown on a memory's page (newest first); the rest stay reachable by search.
 HISTORY_SHOWN = 50
 PREVIEW_CHARS = 80
+#: Most memories one bulk action changes (each is listed on its confirmation page).
+BULK_MAX = 1000
+#: A version pair is diffed only when both sides are at most this many lines and characters of
+#: pretty JSON: a line diff is quadratic in the worst case, and no memory may make the page slow.
+DIFF_MAX_LINES = 400
+DIFF_MAX_CHARS = 20_000
 
 
-def _store() -> MemoryStore:
-    return MemoryStore(using=get_config()["DATABASE"])
+def admin_store() -> MemoryStore:
+    """The store the admin reads and writes through: one per configured database and cache
+    (a new one per request would reset the cache tier's outage state and script cache)."""
+    config = get_config()
+    return _store_for(config["DATABASE"], config["CACHE"])
+
+
+@lru_cache(maxsize=8)
+def _store_for(database: str, cache: str | None) -> MemoryStore:
+    return MemoryStore(using=database, cache=cache)
 
 
 def _pretty(value: Any) -> str:
@@ -166,7 +183,7 @@ class MemoryForm(forms.ModelForm):
         if memory.expires_at is not None and memory.expires_at > clock.now():
             remaining = memory.expires_at - clock.now()
         try:
-            self.written = _store().remember(
+            self.written = admin_store().remember(
                 memory.session_id,
                 memory.key,
                 data["value"],
@@ -188,8 +205,8 @@ class MemoryForm(forms.ModelForm):
 class MemoryAdmin(admin.ModelAdmin):
     form = MemoryForm
     change_form_template = "admin/agentmemory/memory/change_form.html"
-    list_display = ["session_id", "key", "version", "preview", "updated_at", "expiry"]
-    list_display_links = ["session_id", "key"]
+    list_display = ["session", "memory_key", "version", "preview", "updated_at", "expiry"]
+    list_display_links = ["session", "memory_key"]
     list_filter = [StatusFilter, ("updated_at", admin.DateFieldListFilter)]
     search_fields = ["session_id"]
     search_help_text = (
@@ -227,7 +244,8 @@ class MemoryAdmin(admin.ModelAdmin):
     # ---------------------------------------------------------------- changelist
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        queryset = super().get_queryset(request)
+        # The database the store writes to (AGENTMEMORY["DATABASE"]), not the default one.
+        queryset = super().get_queryset(request).using(admin_store().using)
         if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
             queryset = queryset.defer("value").annotate(
                 value_preview=Left(Cast("value", TextField()), PREVIEW_CHARS + 1)
@@ -242,12 +260,25 @@ class MemoryAdmin(admin.ModelAdmin):
             return queryset, False
         # An exact session id is an index lookup on every backend; a prefix ('abc*') may scan
         # (MySQL's LIKE BINARY and PostgreSQL's LIKE under a non-C collation skip the index).
+        # Prefixes are exact on every backend (SQLite's LIKE would also match other cases, and a
+        # bulk action on the result would then reach other sessions).
+        connection = connections[queryset.db]
         session, slash, key = term.partition("/")
         if slash:
-            return queryset.filter(session_id=session, key__startswith=key), False
+            return queryset.filter(prefix_filter(connection, "key", key), session_id=session), False
         if term.endswith("*"):
-            return queryset.filter(session_id__startswith=term[:-1]), False
+            return queryset.filter(prefix_filter(connection, "session_id", term[:-1])), False
         return queryset.filter(session_id=term), False
+
+    # Ids are isolated from the text around them (<bdi>): a right-to-left character in one cannot
+    # reorder the page. Bidirectional-text controls are refused in new ids; old rows may have them.
+    @admin.display(description="session id", ordering="session_id")
+    def session(self, memory: Memory) -> SafeString:
+        return format_html("<bdi>{}</bdi>", memory.session_id)
+
+    @admin.display(description="key", ordering="key")
+    def memory_key(self, memory: Memory) -> SafeString:
+        return format_html("<bdi>{}</bdi>", memory.key)
 
     @admin.display(description="value")
     def preview(self, memory: Memory) -> str:
@@ -277,24 +308,74 @@ class MemoryAdmin(admin.ModelAdmin):
     @admin.action(
         description="Forget selected memories (a forget version each)", permissions=["change"]
     )
-    def forget_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._bulk(request, queryset, "forget", "forgot")
+    def forget_selected(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
+        return self._bulk(request, queryset, "forget", "forgot")
 
     @admin.action(
         description="Expire selected memories now (an expire version each)", permissions=["change"]
     )
-    def expire_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._bulk(request, queryset, "expire", "expired")
+    def expire_selected(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
+        return self._bulk(request, queryset, "expire", "expired")
 
-    def _bulk(self, request: HttpRequest, queryset: QuerySet, method: str, done: str) -> None:
-        store, changed = _store(), 0
-        for memory in queryset.only("id", "session_id", "key", "version"):
-            if getattr(store, method)(memory.session_id, memory.key):
-                changed += 1
-                self.log_change(
-                    request, memory, f"{done.capitalize()} (was version {memory.version})."
-                )
+    def _bulk(
+        self, request: HttpRequest, queryset: QuerySet, method: str, done: str
+    ) -> TemplateResponse | None:
+        """First a confirmation page listing each memory at the version the operator sees; then,
+        once confirmed, each change with compare-and-set against that version: a memory an agent
+        wrote meanwhile is left alone and reported, never changed unseen."""
+        memories = list(
+            queryset.only("id", "session_id", "key", "version", "state", "expires_at")[
+                : BULK_MAX + 1
+            ]
+        )
+        if len(memories) > BULK_MAX:
+            self.message_user(
+                request,
+                f"Select at most {BULK_MAX} memories for one action (narrow the search).",
+                messages.ERROR,
+            )
+            return None
+        if request.POST.get("confirmed") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/agentmemory/memory/bulk_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": f"{method.capitalize()} {len(memories)} memories?",
+                    "opts": self.model._meta,
+                    "action": request.POST.get("action", ""),
+                    "verb": method,
+                    "rows": [(memory, status_of(memory)) for memory in memories],
+                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        store, changed, moved = admin_store(), 0, []
+        for memory in memories:
+            try:
+                loaded = int(request.POST[f"loaded_version_{memory.pk}"])
+                retire = getattr(store, method)
+                if retire(
+                    memory.session_id,
+                    memory.key,
+                    expected_version=expected_for(memory, loaded),
+                ):
+                    changed += 1
+                    self.log_change(
+                        request, memory, f"{done.capitalize()} (was version {memory.version})."
+                    )
+            except (KeyError, ValueError):
+                moved.append(str(memory))  # not on the confirmation page: not confirmed
+            except VersionConflict:
+                moved.append(str(memory))
         self.message_user(request, f"{done.capitalize()} {changed} memories.", messages.SUCCESS)
+        if moved:
+            self.message_user(
+                request,
+                f"Left {len(moved)} unchanged: written since the confirmation page showed them "
+                f"({', '.join(moved[:10])}{', ...' if len(moved) > 10 else ''}).",
+                messages.WARNING,
+            )
+        return None
 
     # ---------------------------------------------------------------- change view
 
@@ -345,7 +426,7 @@ class MemoryAdmin(admin.ModelAdmin):
         version the operator's page showed; log it; say what happened."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        memory = get_object_or_404(Memory, pk=pk)
+        memory = get_object_or_404(self.get_queryset(request), pk=pk)
         if not self.has_change_permission(request, memory):
             from django.core.exceptions import PermissionDenied
 
@@ -353,7 +434,7 @@ class MemoryAdmin(admin.ModelAdmin):
         url = reverse("admin:agentmemory_memory_change", args=[pk])
         try:
             expected = int(request.POST["loaded_version"])
-            message = act(_store(), memory, expected_for(memory, expected))
+            message = act(admin_store(), memory, expected_for(memory, expected))
         except InvalidMemory as error:  # before ValueError, which it is
             self.message_user(request, str(error), messages.ERROR)
         except (KeyError, ValueError):
@@ -441,16 +522,14 @@ def history_rows(memory: Memory) -> list[dict[str, Any]]:
     for newer, older in zip(versions, [*versions[1:], None], strict=False):
         if len(rows) == HISTORY_SHOWN:
             break
-        before = (
-            _pretty(older["value"]).splitlines()
-            if older and older["op"] in ("write", "revert")
-            else []
-        )
-        after = _pretty(newer["value"]).splitlines() if newer["op"] in ("write", "revert") else []
-        diff = list(difflib.unified_diff(before, after, lineterm="", n=2))[2:]
+        before = _pretty(older["value"]) if older and older["op"] in ("write", "revert") else ""
+        after = _pretty(newer["value"]) if newer["op"] in ("write", "revert") else ""
+        diff = _diff_lines(before, after)
         rows.append(
             {
                 **newer,
+                "diff_skipped": diff is None,
+                "sizes": (len(before), len(after)),
                 "diff": format_html_join(
                     "",
                     '<span class="{}">{}</span>',
@@ -463,7 +542,7 @@ def history_rows(memory: Memory) -> list[dict[str, Any]]:
                             else "am-ctx",
                             line,
                         )
-                        for line in diff
+                        for line in diff or ()
                     ),
                 ),
                 "revertible": newer["op"] in ("write", "revert")
@@ -471,3 +550,14 @@ def history_rows(memory: Memory) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _diff_lines(before: str, after: str) -> list[str] | None:
+    """The unified diff of two pretty values, or None when either is too large to diff within
+    the page's budget (:data:`DIFF_MAX_LINES`, :data:`DIFF_MAX_CHARS`)."""
+    if max(len(before), len(after)) > DIFF_MAX_CHARS:
+        return None
+    old, new = before.splitlines(), after.splitlines()
+    if max(len(old), len(new)) > DIFF_MAX_LINES:
+        return None
+    return list(difflib.unified_diff(old, new, lineterm="", n=2))[2:]

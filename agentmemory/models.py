@@ -11,7 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from .fields import ExactCharField
-from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX
+from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX, visible
 
 
 class MemoryState(models.TextChoices):
@@ -54,7 +54,9 @@ class Memory(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.session_id}/{self.key} v{self.version}"
+        # Shown in the admin's titles, breadcrumbs and log: bidirectional-text controls are
+        # spelled out, so an id cannot make the text around it read differently.
+        return f"{visible(self.session_id)}/{visible(self.key)} v{self.version}"
 
 
 class MemoryVersion(models.Model):

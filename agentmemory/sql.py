@@ -73,6 +73,8 @@ class Statements:
     lock_plain: str
     update_row: str
     insert_version: str
+    # Every version, then every row, of one session.
+    erase_session: tuple[str, str]
 
     def read_keys(self, count: int) -> str:
         """The rows of ``count`` keys of one session, whatever their state."""
@@ -97,6 +99,11 @@ def _build(vendor: str, quote_key: str, select_for_update: bool) -> Statements:
         insert_version=(
             f"INSERT INTO {version} (memory_id, version, op, value, created_at, expires_at, "
             f"request_id) VALUES (%s, %s, %s, {json_param}, %s, %s, %s)"
+        ),
+        erase_session=(
+            f"DELETE FROM {version} WHERE memory_id IN "
+            f"(SELECT id FROM {memory} WHERE session_id = %s)",
+            f"DELETE FROM {memory} WHERE session_id = %s",
         ),
     )
 

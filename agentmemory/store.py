@@ -23,7 +23,7 @@ from .errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op
 from .records import MemoryRecord, MemoryVersionRecord
 from .sql import LockedRow, Statements, decode_json, encode_json, statements_for, to_datetime
-from .vendors import Transient, classify, insert_if_missing
+from .vendors import Transient, classify, insert_if_missing, prefix_filter
 
 T = TypeVar("T")
 #: How long a cache miss waits for the reader holding the key's fill lease before it reads the
@@ -67,12 +67,6 @@ class MemoryStore:
         config = get_config()
         self.using: str = using or config["DATABASE"]
         self.cache_alias: str | None = config["CACHE"] if cache is _CACHE_FROM_SETTINGS else cache
-        self._max_value_bytes: int = config["MAX_VALUE_BYTES"]
-        self._default_ttl = validation.check_ttl(config["DEFAULT_TTL"])
-        retry = config["RETRY"]
-        self._attempts: int = retry["ATTEMPTS"]
-        self._base_delay: float = retry["BASE_DELAY"]
-        self._max_delay: float = retry["MAX_DELAY"]
         #: The Redis tier, or None: the store is correct without it.
         self.cache: MemoryCache | None = (
             MemoryCache(self.cache_alias, self.using) if self.cache_alias else None
@@ -81,6 +75,15 @@ class MemoryStore:
         self.retries: Counter[str] = Counter()
         self._retries_lock = threading.Lock()
         self._local = threading.local()
+
+    # Settings are read at each use, not copied: ``override_settings`` reaches a live store.
+    @property
+    def _max_value_bytes(self) -> int:
+        return get_config()["MAX_VALUE_BYTES"]
+
+    @property
+    def _default_ttl(self) -> timedelta | None:
+        return validation.check_ttl(get_config()["DEFAULT_TTL"])
 
     @property
     def last_read_source(self) -> str | None:
@@ -214,7 +217,7 @@ class MemoryStore:
 
     def purge_expired(self, *, batch: int = 1000) -> int:
         """Record an ``expire`` version for each memory past its TTL and retire its live row."""
-        batch = validation.check_version("batch", batch, minimum=1)
+        batch = validation.check_version("batch", batch, minimum=1, maximum=validation.BATCH_MAX)
         purged = 0
         while True:
             due = list(
@@ -234,13 +237,19 @@ class MemoryStore:
         session_id = validation.check_session_id(session_id)
 
         def erase(_retry: bool) -> int:
-            rows = self._memories().filter(session_id=session_id)
-            keys = list(rows.values_list("key", flat=True))
-            MemoryVersion.objects.using(self.using).filter(memory__session_id=session_id).delete()
+            connection = connections[self.using]
+            keys = list(
+                self._memories().filter(session_id=session_id).values_list("key", flat=True)
+            )
+            # Plain DELETE statements: nothing stored is read or decoded, so no value, however
+            # it was written, can stop an erasure.
+            with connection.cursor() as cursor:
+                for statement in statements_for(connection).erase_session:
+                    cursor.execute(statement, [session_id])
             if self.cache is not None and keys:
                 cache = self.cache
                 transaction.on_commit(lambda: cache.erased(session_id, keys), using=self.using)
-            return rows.delete()[0]
+            return len(keys)
 
         return self._transaction(erase)
 
@@ -272,11 +281,8 @@ class MemoryStore:
             return self._recall(session_id, wanted) if wanted else {}
         rows = self._memories().filter(session_id=session_id, state=MemoryState.LIVE)
         if prefix is not None:
-            if not isinstance(prefix, str) or len(prefix) > validation.KEY_MAX:
-                raise InvalidMemory(
-                    "prefix", f"must be a str of at most {validation.KEY_MAX} characters"
-                )
-            rows = rows.filter(key__startswith=prefix)
+            prefix = validation.check_prefix(prefix)
+            rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))
         self._local.source = "database"
         return self._reading(lambda: self._recall_rows(session_id, rows, prefix))
 
@@ -306,7 +312,7 @@ class MemoryStore:
         for key, value, version, created, updated, expires in rows.values_list(
             "key", "value", "version", "created_at", "updated_at", "expires_at"
         ):
-            # SQLite's LIKE ignores ASCII case: the exact prefix test is made here.
+            # The exact prefix test once more, whatever the database's collation.
             if (expires is None or expires > now) and (prefix is None or key.startswith(prefix)):
                 found[key] = MemoryRecord(
                     session_id, key, value, version, created, updated, expires
@@ -582,8 +588,8 @@ class MemoryStore:
         )
 
     def _expires_at(self, change: _Change, now: datetime) -> datetime | None:
-        ttl = change.ttl or self._default_ttl
-        return now + ttl if ttl else None
+        ttl = change.ttl if change.ttl is not None else self._default_ttl
+        return None if ttl is None else now + ttl
 
     def _check_cas(self, session_id: str, key: str, change: _Change, *, actual: int) -> None:
         if change.expected_version is not None and change.expected_version != actual:
@@ -627,10 +633,12 @@ class MemoryStore:
         connection = connections[self.using]
         if connection.in_atomic_block:
             return attempt(False)
+        retry = get_config()["RETRY"]
+        attempts = retry["ATTEMPTS"]
         error: BaseException | None = None
-        for number in range(self._attempts):
+        for number in range(attempts):
             if number:
-                ceiling = min(self._max_delay, self._base_delay * 2**number)
+                ceiling = min(retry["MAX_DELAY"], retry["BASE_DELAY"] * 2**number)
                 time.sleep(random.uniform(0, ceiling))
             try:
                 return attempt(number > 0)
@@ -644,9 +652,9 @@ class MemoryStore:
                 if kind is Transient.DISCONNECT:
                     connection.close()
         raise MemoryUnavailable(
-            f"database {self.using!r} still failing after {self._attempts} attempts: {error}",
+            f"database {self.using!r} still failing after {attempts} attempts: {error}",
             cause=error,
-            attempts=self._attempts,
+            attempts=attempts,
         ) from error
 
     # ------------------------------------------------------------------ helpers

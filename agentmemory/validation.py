@@ -13,18 +13,45 @@ from .errors import InvalidMemory
 SESSION_ID_MAX = 128
 KEY_MAX = 255
 IDEMPOTENCY_KEY_MAX = 64
+#: Shortest TTL: Redis keeps expiries in milliseconds, and a shorter one would round to "never".
+TTL_MIN_SECONDS = 0.001
+#: Longest TTL: 100 years, far inside every backend's date range (and Python's).
+TTL_MAX_SECONDS = 100 * 365 * 24 * 3600
+#: Deepest nesting of arrays and objects in a value. MariaDB refuses JSON nested past 31
+#: containers (error 4025); one limit for every backend, checked before any query.
+MAX_DEPTH = 30
+#: Largest ``batch`` of ``purge_expired`` (one query reads that many rows).
+BATCH_MAX = 100_000
+#: Bidirectional-text controls: they make an id display as another ("live" reads "evil") in the
+#: admin, logs and terminals. Other format characters (zero-width joiners in emoji) are allowed.
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
 
 
-def _check_name(field: str, text: Any, limit: int) -> str:
+def visible(text: str) -> str:
+    """``text`` with its bidirectional-text controls spelled out (``\\u202e``)."""
+    if not any(char in BIDI_CONTROLS for char in text):
+        return text
+    return "".join(f"\\u{ord(c):04x}" if c in BIDI_CONTROLS else c for c in text)
+
+
+def _check_name(field: str, text: Any, limit: int, *, minimum: int = 1) -> str:
     if not isinstance(text, str):
         raise InvalidMemory(field, f"must be a str, got {type(text).__name__}")
-    if not 1 <= len(text) <= limit:
-        raise InvalidMemory(field, f"must be 1 to {limit} characters, got {len(text)}")
+    if not minimum <= len(text) <= limit:
+        raise InvalidMemory(field, f"must be {minimum} to {limit} characters, got {len(text)}")
     for position, char in enumerate(text):
         # Cc: control characters (NUL, newline, DEL...); Cs: lone surrogates no database stores.
         if unicodedata.category(char) in ("Cc", "Cs"):
             raise InvalidMemory(
                 field, f"must not contain control characters (found {char!r} at {position})"
+            )
+        if char in BIDI_CONTROLS:
+            raise InvalidMemory(
+                field,
+                f"must not contain bidirectional-text controls (found U+{ord(char):04X} at "
+                f"{position})",
             )
     return text
 
@@ -37,77 +64,105 @@ def check_key(key: Any) -> str:
     return _check_name("key", key, KEY_MAX)
 
 
+def check_prefix(prefix: Any) -> str:
+    """A key prefix: the rules of a key, but it may be empty (every key)."""
+    return _check_name("prefix", prefix, KEY_MAX, minimum=0)
+
+
 def check_idempotency_key(idempotency_key: Any) -> str | None:
     if idempotency_key is None:
         return None
     return _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX)
 
 
-def check_version(field: str, version: Any, *, minimum: int) -> int:
+def check_version(field: str, version: Any, *, minimum: int, maximum: int | None = None) -> int:
     if isinstance(version, bool) or not isinstance(version, int):
         raise InvalidMemory(field, f"must be an int, got {type(version).__name__}")
     if version < minimum:
         raise InvalidMemory(field, f"must be >= {minimum}, got {version}")
+    if maximum is not None and version > maximum:
+        raise InvalidMemory(field, f"must be <= {maximum}, got {version}")
     return version
 
 
 def check_ttl(ttl: Any) -> timedelta | None:
-    """``ttl`` in seconds (int/float) or a timedelta, > 0; None passes through."""
+    """``ttl`` in seconds (int/float) or a timedelta, from :data:`TTL_MIN_SECONDS` to
+    :data:`TTL_MAX_SECONDS`; None passes through."""
     if ttl is None:
         return None
     if isinstance(ttl, timedelta):
-        seconds = ttl.total_seconds()
-    elif isinstance(ttl, int | float) and not isinstance(ttl, bool):
-        seconds = float(ttl)
+        seconds: float = ttl.total_seconds()
+    elif isinstance(ttl, int) and not isinstance(ttl, bool):
+        # Compared as an int first: float(10**400) would raise OverflowError.
+        seconds = (
+            float(ttl) if abs(ttl) <= TTL_MAX_SECONDS else (math.inf if ttl > 0 else -math.inf)
+        )
+    elif isinstance(ttl, float):
+        seconds = ttl
     else:
         raise InvalidMemory("ttl", f"must be seconds (int or float) or a timedelta, got {ttl!r}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidMemory("ttl", f"must be > 0 seconds, got {ttl!r}")
+    if math.isnan(seconds) or not TTL_MIN_SECONDS <= seconds <= TTL_MAX_SECONDS:
+        raise InvalidMemory(
+            "ttl",
+            f"must be from {TTL_MIN_SECONDS} to {TTL_MAX_SECONDS} seconds (100 years), got "
+            f"{_short(ttl)}",
+        )
     return timedelta(seconds=seconds)
 
 
-def _check_json(value: Any, path: str) -> None:
-    if value is None or isinstance(value, bool | int):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidMemory("value", f"{path} is {value!r}; JSON has no NaN or Infinity")
-        return
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidMemory(
-                "value", f"{path} contains a NUL character, which PostgreSQL cannot store"
-            )
-        return
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]")
-        return
-    if isinstance(value, dict):
-        for name, item in value.items():
-            if not isinstance(name, str):
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_json(value: Any) -> None:
+    """Strict JSON, at most :data:`MAX_DEPTH` containers deep. Iterative: the depth a value can
+    reach does not depend on the caller's stack."""
+    stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if item is None or isinstance(item, bool | int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidMemory("value", f"{path} is {item!r}; JSON has no NaN or Infinity")
+            continue
+        if isinstance(item, str):
+            if "\x00" in item:
                 raise InvalidMemory(
-                    "value",
-                    f"{path} has a {type(name).__name__} key {name!r}; JSON keys are strings",
+                    "value", f"{path} contains a NUL character, which PostgreSQL cannot store"
                 )
-            if "\x00" in name:
-                raise InvalidMemory("value", f"{path} has a key with a NUL character")
-            _check_json(item, f"{path}.{name}")
-        return
-    raise InvalidMemory("value", f"{path} is a {type(value).__name__}, which is not JSON")
+            continue
+        if isinstance(item, list | tuple | dict):
+            if depth >= MAX_DEPTH:
+                raise InvalidMemory(
+                    "value", f"{path} nests arrays/objects deeper than the limit of {MAX_DEPTH}"
+                )
+            if isinstance(item, dict):
+                for name, child in item.items():
+                    if not isinstance(name, str):
+                        raise InvalidMemory(
+                            "value",
+                            f"{path} has a {type(name).__name__} key {name!r}; JSON keys are "
+                            "strings",
+                        )
+                    if "\x00" in name:
+                        raise InvalidMemory("value", f"{path} has a key with a NUL character")
+                    stack.append((child, f"{path}.{name}", depth + 1))
+            else:
+                stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
+            continue
+        raise InvalidMemory("value", f"{path} is a {type(item).__name__}, which is not JSON")
 
 
 def encode_value(value: Any, max_bytes: int) -> str:
     """``value`` as JSON text, if it is strict JSON (no NaN/Infinity, bytes, sets, non-string
-    keys) of at most ``max_bytes`` UTF-8 bytes."""
-    try:
-        _check_json(value, "$")
-    except RecursionError:
-        raise InvalidMemory("value", "is nested too deeply to be JSON") from None
+    keys, at most :data:`MAX_DEPTH` levels) of at most ``max_bytes`` UTF-8 bytes."""
+    _check_json(value)
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         size = len(text.encode("utf-8"))
-    except (UnicodeEncodeError, ValueError, RecursionError) as exc:
+    except (UnicodeEncodeError, ValueError) as exc:
         raise InvalidMemory("value", f"cannot be encoded as JSON: {exc}") from None
     if size > max_bytes:
         raise InvalidMemory(

@@ -2,7 +2,9 @@
 
 - which errors mean "the transaction was rolled back, run it again" (``CONFLICT``) and which mean
   "the connection is gone, reconnect and run it again" (``DISCONNECT``);
-- how to tell TiDB from MySQL/MariaDB (django-tidb reports vendor ``"mysql"``).
+- how to tell TiDB from MySQL/MariaDB (django-tidb reports vendor ``"mysql"``);
+- how to select the strings that start with a prefix, exactly (SQLite's ``LIKE`` ignores ASCII
+  case).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sqlite3
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError
+from django.db.models import Q
 
 
 class Transient(enum.Enum):
@@ -106,3 +109,32 @@ def insert_if_missing(connection: Any, model: Any, values: dict[str, Any]) -> No
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def prefix_filter(connection: Any, field: str, prefix: str) -> Q:
+    """The rows whose ``field`` starts with ``prefix``, case and all.
+
+    SQLite and the MySQL family (binary collations here) order strings by code point, so the
+    prefix is a range over the index: ``prefix <= field < successor(prefix)``, which is exact
+    where SQLite's ``LIKE`` would also match ``ACME`` for ``acme`` (and where MariaDB's
+    ``LIKE BINARY`` skips the index). PostgreSQL's ``LIKE`` is case-sensitive already."""
+    if not prefix:
+        return Q()
+    if connection.vendor not in ("sqlite", "mysql"):
+        return Q(**{f"{field}__startswith": prefix})
+    upper = _successor(prefix)
+    if upper is None:  # the prefix is all U+10FFFF: nothing sorts after it but its extensions
+        return Q(**{f"{field}__gte": prefix})
+    return Q(**{f"{field}__gte": prefix, f"{field}__lt": upper})
+
+
+def _successor(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix``."""
+    while prefix:
+        code = ord(prefix[-1]) + 1
+        if code == 0xD800:  # surrogates are not characters any database stores
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return prefix[:-1] + chr(code)
+        prefix = prefix[:-1]
+    return None

@@ -43,6 +43,17 @@ def browser():
     driver.quit()
 
 
+def navigate(browser, act):
+    """Do ``act()`` (a click, a submit) and wait for the page it loads: until the old page's
+    root element is gone and the new document has loaded. Reading elements before that would
+    read the old page."""
+    old = browser.find_element(By.TAG_NAME, "html")
+    act()
+    wait = WebDriverWait(browser, 30)
+    wait.until(ec.staleness_of(old))
+    wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
+
+
 def test_an_operator_reverts_a_memory_in_the_browser(live_server, browser, tmp_path):
     redis_alias()
     store = MemoryStore()
@@ -55,21 +66,18 @@ def test_an_operator_reverts_a_memory_in_the_browser(live_server, browser, tmp_p
     browser.get(f"{live_server.url}/admin/login/?next=/admin/agentmemory/memory/")
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys("a long demo password")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    navigate(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
 
     search = browser.find_element(By.ID, "searchbar")
     search.send_keys("agent-42/pref")
-    search.submit()
+    navigate(browser, search.submit)
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 1 and "preferences" in rows[0].text
-    rows[0].find_element(By.LINK_TEXT, "agent-42").click()
+    navigate(browser, rows[0].find_element(By.LINK_TEXT, "agent-42").click)
 
     assert "version 2" in browser.find_element(By.CSS_SELECTOR, ".am-panel h2").text
-    browser.find_element(By.CSS_SELECTOR, "#am-version-1 input.am-revert").click()
-
-    WebDriverWait(browser, 10).until(
-        ec.text_to_be_present_in_element((By.CSS_SELECTOR, ".messagelist"), "new version 3")
-    )
+    navigate(browser, browser.find_element(By.CSS_SELECTOR, "#am-version-1 input.am-revert").click)
+    assert "new version 3" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
     assert "version 3" in browser.find_element(By.CSS_SELECTOR, ".am-panel h2").text
     newest = browser.find_element(By.CSS_SELECTOR, "#am-history tbody tr")
     assert newest.get_attribute("id") == "am-version-3" and "revert" in newest.text

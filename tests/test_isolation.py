@@ -1,8 +1,10 @@
 """Semantic 5: nothing done with session A reads, counts, changes or deletes anything of session B."""
 
 import pytest
+from django.db import IntegrityError, connection, transaction
 
 from agentmemory import clock
+from agentmemory.models import Memory, MemoryVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -74,3 +76,33 @@ def test_purge_expired_in_one_session_leaves_others(store):
     clock.advance(2)
     assert store.purge_expired() == 1
     assert store.recall("a_", "k").value == 2
+
+
+def test_erasure_does_not_depend_on_what_was_stored(store, vendor):
+    """A value that no reader could decode any more (written before the depth limit, or by hand)
+    must not stop a data-erasure request."""
+    store.remember("erase-me", "k", 1)
+    store.remember("keep", "k", 1)
+    deep = "[" * 2000 + "]" * 2000
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            for model in (Memory, MemoryVersion):
+                column = "session_id" if model is Memory else "memory_id"
+                cursor.execute(
+                    f"UPDATE {model._meta.db_table} SET value = %s{cast} WHERE {column} IN "
+                    f"(SELECT id FROM {Memory._meta.db_table} WHERE session_id = %s)"
+                    if model is MemoryVersion
+                    else f"UPDATE {model._meta.db_table} SET value = %s{cast} WHERE {column} = %s",
+                    [deep, "erase-me"],
+                )
+    except IntegrityError:
+        # MariaDB's JSON check refuses anything past 31 levels: no such value can be stored.
+        assert vendor == "mariadb"
+    else:
+        with pytest.raises(RecursionError):
+            store.history("erase-me", "k")
+    assert store.erase_session("erase-me") == 1
+    assert not Memory.objects.filter(session_id="erase-me").exists()
+    assert not MemoryVersion.objects.filter(memory__session_id="erase-me").exists()
+    assert store.recall("keep", "k").version == 1

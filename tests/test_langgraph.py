@@ -119,6 +119,42 @@ def test_ttl_in_minutes_refresh_on_read_and_expired_items_never_returned(lg):
     assert plain.get(("t",), "k") is None
 
 
+def test_ttl_none_means_never_expires_even_under_a_default_ttl(lg):
+    """As LangGraph documents: an omitted TTL takes ``default_ttl``; ``ttl=None`` means never."""
+    store = AgentMemoryStore(lg.store, ttl={"refresh_on_read": False, "default_ttl": 1})
+    store.put(("t",), "forever", {"v": 1}, ttl=None)
+    store.put(("t",), "default", {"v": 1})
+    assert store.put_if_version(("t",), "cas-forever", {"v": 1}, 0, ttl=None) == 1
+    store.modify(("t",), "modify-forever", lambda _: {"v": 1}, ttl=None)
+    clock.advance(24 * 3600)
+    assert store.get(("t",), "default") is None
+    for key in ("forever", "cas-forever", "modify-forever"):
+        assert store.get(("t",), key).value == {"v": 1}, key
+
+
+@pytest.mark.parametrize("field", ["a b", "x'; DROP", "a$", "", "ü"])
+def test_invalid_filter_keys_are_refused_as_langgraphs_sql_stores_do(lg, field):
+    lg.put(("s",), "k", {"a": 1})
+    with pytest.raises(ValueError, match="Invalid filter key"):
+        lg.search(("s",), filter={field: 1})
+    assert [i.key for i in lg.search(("s",), filter={"a": 1, "nested.field-x_1": 2})] == []
+    assert [i.key for i in lg.search(("s",), filter={"a": 1})] == ["k"]
+
+
+def test_sync_calls_on_a_running_event_loop_are_refused_naming_the_async_method(lg):
+    async def main():
+        with pytest.raises(asyncio.InvalidStateError, match=r"await store\.aget"):
+            lg.get(("s",), "k")
+        with pytest.raises(asyncio.InvalidStateError, match=r"await store\.amodify"):
+            lg.modify(("s",), "k", lambda _: {"v": 1})
+        await lg.aput(("s",), "k", {"v": 1})
+        await lg.amodify(("s",), "k", lambda v: {"v": v["v"] + 1})
+        return await lg.aget(("s",), "k"), await lg.aversion_of(("s",), "k")
+
+    item, version = asyncio.run(main())
+    assert (item.value, version) == ({"v": 2}, 2)
+
+
 def test_compare_and_set_put_and_read_modify_write(lg):
     assert lg.put_if_version(("s",), "k", {"n": 1}, expected_version=0) == 1
     with pytest.raises(VersionConflict):

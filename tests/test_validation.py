@@ -1,6 +1,7 @@
 """Semantic 9: bad input gets a clear error that names what was wrong, and changes nothing."""
 
 import math
+from datetime import timedelta
 
 import pytest
 
@@ -16,6 +17,8 @@ BAD_IDS = [
     ("a\nb", "control"),
     ("tab\there", "control"),
     ("\ud800", "control"),
+    ("live\u202eevil", "bidirectional"),
+    ("\u2066isolate", "bidirectional"),
     (42, "must be a str"),
     (None, "must be a str"),
 ]
@@ -86,7 +89,26 @@ def test_value_size_counts_utf8_bytes(store, settings):
         MemoryStore(cache=None).remember("s", "k", "ééééé")  # 5 chars, 12 bytes with quotes
 
 
-@pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "10", True])
+@pytest.mark.parametrize(
+    "ttl",
+    [
+        0,
+        -1,
+        math.nan,
+        math.inf,
+        "10",
+        True,
+        1e-7,  # rounds to zero: it would have meant "never expires"
+        0.0009,
+        1e30,
+        2**63,
+        pytest.param(10**400, id="10**400"),
+        1e12,
+        timedelta.max,
+        timedelta(microseconds=1),
+        -timedelta(seconds=1),
+    ],
+)
 def test_bad_ttl_is_rejected(store, ttl):
     with pytest.raises(InvalidMemory) as info:
         store.remember("s", "k", 1, ttl=ttl)
@@ -155,3 +177,61 @@ def test_returned_value_is_a_copy(store):
     value["items"].append(2)
     record.value["items"].append(3)
     assert store.recall("s", "k").value == {"items": [1]}
+
+
+def test_ttl_limits_are_accepted_at_both_ends(store):
+    assert store.remember("s", "short", 1, ttl=0.001).expires_at is not None
+    longest = store.remember("s", "long", 1, ttl=100 * 365 * 24 * 3600)
+    assert longest.expires_at.year >= 2100
+    assert store.recall("s", "long").version == 1
+
+
+def nested(depth):
+    value = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"n": value}
+    return value
+
+
+def test_values_nested_to_the_limit_are_stored_on_every_backend(store):
+    store.remember("s", "deep", nested(30))
+    assert store.recall("s", "deep").value == nested(30)
+    assert store.recall_many("s")["deep"].value == nested(30)
+    assert store.history("s", "deep")[0].value == nested(30)
+
+
+@pytest.mark.parametrize("depth", [31, 980, 100_000])
+def test_values_nested_past_the_limit_are_rejected_whatever_the_stack(store, depth):
+    with pytest.raises(InvalidMemory, match="deeper than the limit of 30"):
+        store.remember("s", "deep", nested(depth))
+    with pytest.raises(InvalidMemory, match="deeper than the limit of 30"):
+        store.update("s", "deep", lambda _: nested(depth))
+    assert nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ("\ud800", "control"),
+        ("a\x00", "control"),
+        ("a\nb", "control"),
+        ("x" * 256, "0 to 255"),
+        (3, "must be a str"),
+    ],
+)
+def test_recall_many_prefix_is_validated_like_a_key(store, prefix, message):
+    store.remember("s", "a", 1)
+    with pytest.raises(InvalidMemory, match=message) as error:
+        store.recall_many("s", prefix=prefix)
+    assert error.value.field == "prefix"
+
+
+def test_empty_prefix_means_every_key(store):
+    store.remember("s", "a", 1)
+    assert list(store.recall_many("s", prefix="")) == ["a"]
+
+
+@pytest.mark.parametrize("batch", [0, pytest.param(10**30, id="10**30"), 100_001, "10"])
+def test_purge_batch_is_bounded(store, batch):
+    with pytest.raises(InvalidMemory, match="batch"):
+        store.purge_expired(batch=batch)

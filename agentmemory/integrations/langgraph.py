@@ -15,6 +15,8 @@ and ignored.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -24,11 +26,13 @@ from urllib.parse import quote, unquote
 from asgiref.sync import sync_to_async
 from django.db import connections
 from langgraph.store.base import (
+    NOT_PROVIDED,
     BaseStore,
     GetOp,
     InvalidNamespaceError,
     Item,
     ListNamespacesOp,
+    NotProvided,
     Op,
     PutOp,
     Result,
@@ -42,8 +46,10 @@ from ..errors import InvalidMemory, VersionConflict
 from ..models import Memory, MemoryState
 from ..store import MemoryStore
 from ..validation import SESSION_ID_MAX
+from ..vendors import prefix_filter
 
 PREFIX = "lg:"
+FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
 OPERATORS = {
     "$eq": lambda a, b: a == b,
     "$ne": lambda a, b: a != b,
@@ -85,14 +91,33 @@ class AgentMemoryStore(BaseStore):
     # ---------------------------------------------------------------- BaseStore
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        with self._released():
+        with self._released("batch"):
             return self._batch(ops)
 
     @contextmanager
-    def _released(self) -> Iterator[None]:
+    def _released(self, method: str) -> Iterator[None]:
         """LangGraph runs nodes in its own worker threads, where Django never ends a request:
         their connections are released after each call as a request's would be (CONN_MAX_AGE
-        decides whether that closes them)."""
+        decides whether that closes them).
+
+        A synchronous call on a running event loop would block it on the database: refused as
+        LangGraph's own async stores refuse it (``asyncio.InvalidStateError``), naming the
+        ``a``-method to await instead."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # no loop in this thread: a synchronous caller, as it should be
+        else:
+            use = (
+                "`await store.aget(...)`, `aput`, `asearch`, `adelete`, `alist_namespaces`, "
+                "`abatch`"
+                if method == "batch"
+                else f"`await store.a{method}(...)`"
+            )
+            raise asyncio.InvalidStateError(
+                f"Synchronous calls to {type(self).__name__} detected in a running event loop: "
+                f"they would block it on the database. Use the asynchronous interface: {use}."
+            )
         try:
             yield
         finally:
@@ -130,11 +155,11 @@ class AgentMemoryStore(BaseStore):
         value: Mapping[str, Any],
         expected_version: int,
         *,
-        ttl: float | None = None,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
     ) -> int:
         """Compare-and-set put: write only if the item is at ``expected_version`` (0: absent);
         returns the new version, or raises :class:`~agentmemory.VersionConflict`."""
-        with self._released():
+        with self._released("put_if_version"):
             record = self.store.remember(
                 session_of(namespace),
                 key,
@@ -150,11 +175,11 @@ class AgentMemoryStore(BaseStore):
         key: str,
         fn: Callable[[dict[str, Any] | None], Mapping[str, Any]],
         *,
-        ttl: float | None = None,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
     ) -> Item:
         """Read-modify-write under the row lock: ``fn(current value or None)`` -> new value.
         Parallel nodes calling this never lose each other's updates."""
-        with self._released():
+        with self._released("modify"):
             record = self.store.update(
                 session_of(namespace),
                 key,
@@ -165,13 +190,25 @@ class AgentMemoryStore(BaseStore):
 
     def version_of(self, namespace: tuple[str, ...], key: str) -> int:
         """The item's current version (0 if absent), for :meth:`put_if_version`."""
-        with self._released():
+        with self._released("version_of"):
             record = self.store.recall(session_of(namespace), key)
         return record.version if record else 0
 
     def history(self, namespace: tuple[str, ...], key: str) -> list[Any]:
-        with self._released():
+        with self._released("history"):
             return self.store.history(session_of(namespace), key)
+
+    async def aput_if_version(self, *args: Any, **kwargs: Any) -> int:
+        return await sync_to_async(self.put_if_version)(*args, **kwargs)
+
+    async def amodify(self, *args: Any, **kwargs: Any) -> Item:
+        return await sync_to_async(self.modify)(*args, **kwargs)
+
+    async def aversion_of(self, namespace: tuple[str, ...], key: str) -> int:
+        return await sync_to_async(self.version_of)(namespace, key)
+
+    async def ahistory(self, namespace: tuple[str, ...], key: str) -> list[Any]:
+        return await sync_to_async(self.history)(namespace, key)
 
     # ---------------------------------------------------------------- operations
 
@@ -196,9 +233,16 @@ class AgentMemoryStore(BaseStore):
         self.store.remember(session, op.key, dict(op.value), ttl=self._ttl_seconds(op.ttl))
 
     def _ttl_seconds(self, minutes: Any) -> float | None:
-        if minutes is None or not isinstance(minutes, int | float) or isinstance(minutes, bool):
-            minutes = self.ttl_config.get("default_ttl")  # NOT_PROVIDED or None
-        return None if minutes is None else float(minutes) * 60
+        """LangGraph's TTL in minutes -> seconds. As in LangGraph: omitted means the configured
+        ``default_ttl``, ``None`` means never expires (``BaseStore.put`` has already applied the
+        default to an omitted TTL before the ``PutOp`` reaches :meth:`batch`)."""
+        if minutes is NOT_PROVIDED:
+            minutes = self.ttl_config.get("default_ttl")
+        if minutes is None:
+            return None
+        if isinstance(minutes, bool) or not isinstance(minutes, int | float):
+            raise InvalidMemory("ttl", f"must be minutes (int or float) or None, got {minutes!r}")
+        return float(minutes) * 60
 
     def _refresh(self, record: Any) -> Any:
         """Push the expiry back by the item's own TTL: a new version, only if none came since."""
@@ -217,6 +261,13 @@ class AgentMemoryStore(BaseStore):
             return record  # a newer write set its own expiry
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
+        for field in op.filter or {}:
+            # As LangGraph's SQL stores: a filter names JSON fields, nothing else.
+            if not isinstance(field, str) or not FILTER_KEY.match(field):
+                raise ValueError(
+                    f"Invalid filter key: {field!r}. Filter keys must contain only alphanumeric "
+                    "characters, underscores, dots, and hyphens."
+                )
         if op.query:
             raise NotImplementedError(
                 "agentmemory's LangGraph store has no vector index: search(query=...) is not "
@@ -252,10 +303,7 @@ class AgentMemoryStore(BaseStore):
         where the database orders session ids by code point (SQLite, MySQL family's binary
         collation), ``LIKE 'prefix%'`` on PostgreSQL."""
         rows = Memory.objects.using(self.store.using).filter(state=MemoryState.LIVE)
-        if connections[self.store.using].vendor in ("sqlite", "mysql"):
-            upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-            return rows.filter(session_id__gte=prefix, session_id__lt=upper)
-        return rows.filter(session_id__startswith=prefix)
+        return rows.filter(prefix_filter(connections[self.store.using], "session_id", prefix))
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         sessions = (
