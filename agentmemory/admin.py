@@ -32,7 +32,7 @@ from django.utils.safestring import SafeString
 from . import clock
 from .conf import get_config
 from .errors import InvalidMemory, VersionConflict
-from .models import Memory, MemoryState, MemoryVersion
+from .models import Memory, MemoryState, MemoryVersion, is_live
 from .store import MemoryStore
 from .vendors import prefix_filter
 
@@ -66,9 +66,7 @@ def _pretty(value: Any) -> str:
 
 
 def status_of(memory: Memory) -> str:
-    if memory.state == MemoryState.LIVE and (
-        memory.expires_at is None or memory.expires_at > clock.now()
-    ):
+    if is_live(memory.state, memory.expires_at, clock.now()):
         return "live"
     if memory.state == MemoryState.FORGOTTEN:
         return "forgotten"
@@ -121,12 +119,12 @@ class StatusFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         now = clock.now()
-        unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
         if self.value() == "live":
-            return queryset.filter(Q(state=MemoryState.LIVE) & unexpired)
+            return queryset.live(now)
         if self.value() == "expired":
+            # Expired: recorded as such, or live with a TTL that has passed (not purged yet).
             return queryset.filter(
-                Q(state=MemoryState.EXPIRED) | (Q(state=MemoryState.LIVE) & ~unexpired)
+                Q(state=MemoryState.EXPIRED) | Q(state=MemoryState.LIVE, expires_at__lte=now)
             )
         if self.value() == "forgotten":
             return queryset.filter(state=MemoryState.FORGOTTEN, version__gt=0)

@@ -1,7 +1,8 @@
 """The Redis cache tier: fast recall that is never stale and never expired.
 
-The store talks to it through four calls -- ``read``, ``fill``, ``written``, ``erased`` -- and is
-correct without it. Three mechanisms keep a cached answer from ever being older than an
+The store talks to it through three calls -- ``read_through`` (Redis first, the database for the
+rest, under the protocol below), ``written`` and ``erased`` (after a commit) -- and is correct
+without it. Three mechanisms keep a cached answer from ever being older than an
 acknowledged write (contract semantic 7):
 
 * **Versioned entries.** An entry holds the memory's version (a forgotten or expired memory is
@@ -35,7 +36,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -46,10 +47,14 @@ from django.utils import timezone
 from . import clock
 from .conf import get_config
 from .errors import MemoryUnavailable
-from .models import PendingInvalidation
+from .models import MemoryState, PendingInvalidation, is_live
 from .records import MemoryRecord
 
 logger = logging.getLogger("agentmemory.cache")
+
+#: How long a cache miss waits for the reader holding the key's fill lease before it reads the
+#: database itself (a lease holder that died costs its followers at most this).
+HOT_KEY_WAIT_SECONDS = 0.25
 
 # KEYS: entry, fence, lease. ARGV: new lease token, lease ms.
 # Returns {entry or false, fence present, redis time ms, lease token or false}.
@@ -98,16 +103,21 @@ class CachedRead:
 class MemoryCache:
     """The cache tier for one cache alias (django-redis) and one database alias."""
 
-    def __init__(self, alias: str, using: str) -> None:
+    def __init__(self, alias: str, using: str, *, namespace: str | None = None) -> None:
         from django.core.cache import caches
 
         config = get_config()
         self.alias = alias
         self.using = using
+        self.namespace = namespace
         self.fence_seconds: float = config["CACHE_FENCE_SECONDS"]
         self.max_entry_ms = int(config["CACHE_MAX_ENTRY_SECONDS"] * 1000)
         self.lease_ms = 5000
-        self.prefix = f"{caches[alias].make_key('agentmemory')}:"
+        # Every Redis name of this tier starts with this: the cache's own prefix and version,
+        # then the namespace (the test plugin gives each test one of its own).
+        self.prefix = f"{caches[alias].make_key('agentmemory')}:" + (
+            f"{namespace}:" if namespace else ""
+        )
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -136,7 +146,10 @@ class MemoryCache:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _client(self) -> Any:
+    @property
+    def client(self) -> Any:
+        """The redis-py client of this alias (django-redis' connection pool): for memcheck's
+        audit and faults, the test plugin and the benchmarks."""
         from django_redis import get_redis_connection
 
         return get_redis_connection(self.alias)
@@ -146,7 +159,7 @@ class MemoryCache:
         pipelined scripts would add a SCRIPT EXISTS round trip to every call)."""
         from redis.exceptions import NoScriptError
 
-        client = self._client()
+        client = self.client
         sha = self._scripts.get(source)
         if sha is None:
             sha = self._scripts[source] = client.script_load(source)
@@ -230,11 +243,46 @@ class MemoryCache:
             if record is _FOREIGN:  # a hash collision: never hand out another key's value
                 found[key] = CachedRead(True, redis_ms=redis_ms)
                 continue
-            if record is not None and record.expires_at is not None and record.expires_at <= now:
+            if record is not None and not is_live(MemoryState.LIVE, record.expires_at, now):
                 record = None  # the newest version has expired: the memory is absent
             self.count("hits")
             found[key] = CachedRead(True, record=record, hit=True, redis_ms=redis_ms)
         return found
+
+    def read_through(
+        self,
+        session_id: str,
+        keys: list[str],
+        load: Callable[[str, list[str]], list[tuple[str, int, MemoryRecord | None]]],
+    ) -> tuple[dict[str, MemoryRecord], str]:
+        """The live records of ``keys``: Redis first; ``load(session_id, missing)`` -- the
+        database's (key, version, live record or None) -- for misses, filling Redis under the
+        reader's lease, and for everything while Redis is untrusted or unreachable. Returns the
+        records and where they came from (``"cache"`` when every key was a hit)."""
+        reads = self.read(session_id, keys)
+        # Another reader holds the fill lease of a hot key: wait (briefly, backing off) for its
+        # fill rather than sending every concurrent miss to the database.
+        deadline, pause = time.monotonic() + HOT_KEY_WAIT_SECONDS, 0.002
+        while busy := [k for k, r in reads.items() if r.trusted and not r.hit and r.lease is None]:
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.025)
+            reads.update(self.read(session_id, busy))
+        found = {k: r.record for k, r in reads.items() if r.hit and r.record is not None}
+        missing = [k for k in keys if k not in reads or not reads[k].hit]
+        if not missing:
+            return found, "cache"
+        for key, version, record in load(session_id, missing):
+            if record is not None:
+                found[key] = record
+            lease = reads[key].lease if key in reads else None
+            if lease:
+                self.fill(session_id, key, record, version, lease)
+        untrusted = next((r for r in reads.values() if not r.trusted), None)
+        if untrusted is not None:
+            self.renew_fence(untrusted.redis_ms)
+        return found, "database"
 
     def fill(
         self, session_id: str, key: str, record: MemoryRecord | None, version: int, lease: str
@@ -266,7 +314,7 @@ class MemoryCache:
         """Delete the entries and fill leases of these (session_id, key) pairs: always safe, it
         can only cause misses. False if Redis could not be reached."""
         try:
-            self._client().delete(*[name for pair in keys for name in self._names(*pair)])
+            self.client.delete(*[name for pair in keys for name in self._names(*pair)])
         except Exception as exc:
             self._failed(exc)
             return False
@@ -347,7 +395,7 @@ class MemoryCache:
                 self.count("replayed", len(pending))
             return  # renew on a later read, after a fresh pending check
         try:
-            self._client().set(self.fence_key, "1", pxat=redis_ms + int(self.fence_seconds * 1000))
+            self.client.set(self.fence_key, "1", pxat=redis_ms + int(self.fence_seconds * 1000))
         except Exception as exc:
             self._failed(exc)
             return
@@ -357,23 +405,10 @@ class MemoryCache:
     # ------------------------------------------------------------------ encoding
 
     def _encode(self, session_id: str, key: str, record: MemoryRecord | None) -> str:
-        if record is None:
-            return json.dumps({"s": session_id, "k": key, "absent": True})
-        return json.dumps(
-            {
-                "s": session_id,
-                "k": key,
-                "v": record.value,
-                "c": record.created_at.isoformat(),
-                "u": record.updated_at.isoformat(),
-                "e": record.expires_at.isoformat() if record.expires_at else None,
-            },
-            ensure_ascii=False,
-        )
+        return encode_payload(session_id, key, record)
 
     def _decode(self, session_id: str, key: str, raw: bytes) -> Any:
-        version, _, payload = _text(raw).partition("|")
-        data = json.loads(payload)
+        version, data = decode_entry(raw)
         if (data["s"], data["k"]) != (session_id, key):
             return _FOREIGN
         if data.get("absent"):
@@ -382,11 +417,44 @@ class MemoryCache:
             session_id,
             key,
             data["v"],
-            int(version),
+            version,
             datetime.fromisoformat(data["c"]),
             datetime.fromisoformat(data["u"]),
             datetime.fromisoformat(data["e"]) if data["e"] else None,
         )
+
+
+# ---------------------------------------------------------------------- the entry format
+# An entry is "<version>|<json payload>": the version first, so the put script compares it
+# without decoding JSON. Written and read only here.
+
+
+def encode_payload(session_id: str, key: str, record: MemoryRecord | None) -> str:
+    """The JSON half of an entry (the put script prefixes the version)."""
+    if record is None:
+        return json.dumps({"s": session_id, "k": key, "absent": True})
+    return json.dumps(
+        {
+            "s": session_id,
+            "k": key,
+            "v": record.value,
+            "c": record.created_at.isoformat(),
+            "u": record.updated_at.isoformat(),
+            "e": record.expires_at.isoformat() if record.expires_at else None,
+        },
+        ensure_ascii=False,
+    )
+
+
+def entry_version(raw: bytes | str) -> int:
+    """The version an entry holds, without decoding its payload."""
+    return int(_text(raw).partition("|")[0])
+
+
+def decode_entry(raw: bytes | str) -> tuple[int, dict[str, Any]]:
+    """An entry as (version, payload dict)."""
+    version, _, payload = _text(raw).partition("|")
+    return int(version), json.loads(payload)
 
 
 _FOREIGN: Any = object()

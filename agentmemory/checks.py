@@ -16,6 +16,28 @@ from .vendors import flavor
 TIDB_MINIMUM = (6, 5)
 
 
+def _check_retry(retry: dict[str, Any]) -> list[Error]:
+    """E009: the retry policy's values."""
+    problems = []
+    attempts = retry.get("ATTEMPTS")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000:
+        problems.append(f"ATTEMPTS is {attempts!r}: an int from 1 to 1000")
+    for name in ("BASE_DELAY", "MAX_DELAY"):
+        delay = retry.get(name)
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 60:
+            problems.append(f"{name} is {delay!r}: seconds from 0 to 60")
+    if not isinstance(retry.get("RECONNECT"), bool):
+        problems.append(f"RECONNECT is {retry.get('RECONNECT')!r}: True or False")
+    return [
+        Error(
+            f"AGENTMEMORY['RETRY']: {problem}.",
+            hint="See the RETRY defaults in the README's Configuration section.",
+            id="agentmemory.E009",
+        )
+        for problem in problems
+    ]
+
+
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     user = getattr(settings, "AGENTMEMORY", {}) or {}
@@ -33,10 +55,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             Error(
                 f"AGENTMEMORY['RETRY'] has an unknown setting {name!r}.",
                 hint=f"Known settings: {', '.join(sorted(RETRY_KEYS))}.",
-                id="agentmemory.E001",
+                id="agentmemory.E008",
             )
         )
     config = get_config()
+    errors += _check_retry(config["RETRY"])
     if config["DATABASE"] not in settings.DATABASES:
         errors.append(
             Error(

@@ -29,7 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_VALUE_BYTES": 1024 * 1024,
     # Deadlocks, serialization failures, lock timeouts and lost connections are retried
     # with jittered exponential backoff: attempt n waits random(0, min(MAX_DELAY, BASE_DELAY*2**n)).
-    "RETRY": {"ATTEMPTS": 12, "BASE_DELAY": 0.005, "MAX_DELAY": 0.5},
+    # RECONNECT: a lost connection is reopened and the call retried (False: it fails at once;
+    # memcheck's tests use it to show that the connection-kill fault bites).
+    "RETRY": {"ATTEMPTS": 12, "BASE_DELAY": 0.005, "MAX_DELAY": 0.5, "RECONNECT": True},
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])

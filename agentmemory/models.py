@@ -7,9 +7,12 @@ and re-creation, and the history rows keep their parent.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
 from django.utils import timezone
 
+from . import clock
 from .fields import ExactCharField
 from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX, visible
 
@@ -27,6 +30,21 @@ class Op(models.TextChoices):
     REVERT = "revert", "revert"
 
 
+def is_live(state: str, expires_at: datetime | None, now: datetime) -> bool:
+    """The one rule of what a reader may see: a live row whose TTL has not passed."""
+    return state == MemoryState.LIVE and (expires_at is None or expires_at > now)
+
+
+class MemoryQuerySet(models.QuerySet):
+    def live(self, now: datetime | None = None) -> MemoryQuerySet:
+        """Rows :func:`is_live` at ``now`` (the store's clock by default)."""
+        now = now or clock.now()
+        return self.filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now),
+            state=MemoryState.LIVE,
+        )
+
+
 class Memory(models.Model):
     """The current state of one ``(session_id, key)``: one row, ever."""
 
@@ -39,6 +57,8 @@ class Memory(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True)
+
+    objects = MemoryQuerySet.as_manager()
 
     class Meta:
         verbose_name_plural = "memories"

@@ -70,7 +70,8 @@ def to_datetime(raw: Any) -> datetime | None:
 class Statements:
     quote_key: str
     lock: str
-    lock_plain: str
+    # The same row without a lock (the unsafe seam's read).
+    read_row: str
     update_row: str
     insert_version: str
     # Every version, then every row, of one session.
@@ -91,7 +92,7 @@ def _build(vendor: str, quote_key: str, select_for_update: bool) -> Statements:
     return Statements(
         quote_key=quote_key,
         lock=plain + (" FOR UPDATE" if select_for_update else ""),
-        lock_plain=plain,
+        read_row=plain,
         update_row=(
             f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
             "created_at = %s, updated_at = %s, expires_at = %s WHERE id = %s"

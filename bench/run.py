@@ -76,7 +76,7 @@ def available_backends(wanted: list[str]) -> list[str]:
 
 def redis_available() -> bool:
     try:
-        MemoryStore(cache="agentmemory").cache._client().ping()
+        MemoryStore(cache="agentmemory").cache.client.ping()
         return True
     except Exception as exc:
         progress(f"Redis: skipped ({exc})")
@@ -296,7 +296,7 @@ def read_figures(alias: str, size: dict, repeats: int, redis: bool) -> list[dict
         for key in keys:
             cached.recall(session, key)
             cached.recall(session, key)
-        client = cached.cache._client()
+        client = cached.cache.client
         client.mset({f"bench-raw:{key}": json.dumps(value) for key in keys})
         ours, base = [], []
         for _ in range(repeats):

@@ -77,7 +77,9 @@ def database_from_url(url: str) -> dict:
 
 
 DATABASES = {
-    "default": database_from_url(os.environ.get("DATABASE_URL") or f"sqlite:///{SQLITE_PATH}")
+    "default": database_from_url(os.environ.get("DATABASE_URL") or f"sqlite:///{SQLITE_PATH}"),
+    # A second database, for the tests of a store (and the admin) on another alias than default.
+    "other": database_from_url(f"sqlite:///{BASE_DIR / 'agentmemory-other.sqlite3'}"),
 }
 
 REDIS_URL = os.environ.get("REDIS_URL")

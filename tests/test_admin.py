@@ -305,3 +305,27 @@ def test_view_permission_sees_but_cannot_act(client, agent):
     assert versions(agent) == [(1, "write")]
     changelist = client.get(reverse("admin:agentmemory_memory_changelist")).content.decode()
     assert "forget_selected" not in changelist
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_the_admin_reads_and_writes_the_configured_database(admin_client, settings):
+    """With AGENTMEMORY["DATABASE"] = "other", the admin shows and changes that database's
+    memories, not default's."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "DATABASE": "other", "CACHE": None}
+    other, default = (
+        MemoryStore(using="other", cache=None),
+        MemoryStore(using="default", cache=None),
+    )
+    other.remember("s", "k", "in other")
+    default.remember("s", "k", "in default")
+    default.remember("s", "only-default", 1)
+    page = admin_client.get(reverse("admin:agentmemory_memory_changelist"))
+    assert [(m.key, m.version) for m in page.context["cl"].result_list] == [("k", 1)]
+    pk = Memory.objects.using("other").get(key="k").pk
+    change = admin_client.post(change_url(pk), {"value": '"edited"', "loaded_version": 1})
+    assert change.status_code == 302
+    assert (
+        other.recall("s", "k").value == "edited" and default.recall("s", "k").value == "in default"
+    )
+    admin_client.post(reverse("admin:agentmemory_memory_forget", args=[pk]), {"loaded_version": 2})
+    assert other.recall("s", "k") is None and default.recall("s", "k").version == 1

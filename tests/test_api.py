@@ -110,3 +110,17 @@ def test_revert_with_expected_version_refuses_a_memory_that_moved_on(store):
         store.revert("s", "k", 1, expected_version=1)
     assert store.revert("s", "k", 1, expected_version=2).value == "one"
     assert [v.version for v in store.history("s", "k")] == [1, 2, 3]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_last_read_source_follows_every_kind_of_read(store):
+    store.remember("s", "k", 1)
+    store.remember("s", "k", 2)
+    store.recall("s", "k")
+    store.recall("s", "k")
+    assert store.last_read_source == ("cache" if store.cache else "database")
+    assert store.recall("s", "k", version=1).value == 1
+    assert store.last_read_source == "database"  # old versions are never cached
+    store.recall("s", "k")
+    store.recall_many("s", prefix="k")
+    assert store.last_read_source == "database"

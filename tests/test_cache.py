@@ -176,7 +176,7 @@ def test_inside_a_transaction_reads_see_its_writes_and_never_fill_redis(cached):
         assert cached.recall("s", "new").value == "uncommitted"  # a miss: must not fill Redis
         assert cached.last_read_source == "database"
         raise Abort
-    assert cached.cache._client().get(cached.cache.entry_key("s", "new")) is None
+    assert cached.cache.client.get(cached.cache.entry_key("s", "new")) is None
     assert cached.recall("s", "k").value == "v1"
     assert cached.recall("s", "new") is None
 
@@ -187,7 +187,8 @@ def test_a_slow_readers_fill_never_overwrites_a_newer_version(cached):
     caches["agentmemory"].client.get_client().delete(cached.cache.entry_key("s", "k"))  # evicted
     read = cached.cache.read("s", ["k"])["k"]  # the slow reader misses and takes the lease ...
     assert read.lease
-    (_, _, version, old) = cached._load("s", ["k"])[0]  # ... reads v1 from the database ...
+    old = MemoryStore(cache=None).recall("s", "k")  # ... reads v1 from the database ...
+    version = old.version
     cached.remember("s", "k", "v2")  # ... a writer commits v2 and updates Redis ...
     cached.cache.fill("s", "k", old, version, read.lease)  # ... the reader's fill comes late
     assert cached.cache.stats["stale_rejected"] == 1
@@ -200,7 +201,8 @@ def test_a_fill_after_the_entry_was_evicted_is_rejected_too(cached):
     client = caches["agentmemory"].client.get_client()
     client.delete(cached.cache.entry_key("s", "k"))
     read = cached.cache.read("s", ["k"])["k"]
-    (_, _, version, old) = cached._load("s", ["k"])[0]
+    old = MemoryStore(cache=None).recall("s", "k")
+    version = old.version
     cached.remember("s", "k", "v2")
     client.delete(cached.cache.entry_key("s", "k"))  # v2's entry evicted before the late fill
     cached.cache.fill("s", "k", old, version, read.lease)
@@ -221,14 +223,18 @@ def test_hot_key_misses_do_not_stampede_the_database(cached):
     cached.recall("s", "hot")  # renew the fence, but leave the entry cold
     caches["agentmemory"].client.get_client().delete(cached.cache.entry_key("s", "hot"))
     loads = []
-    original = cached._load
+    database = MemoryStore(cache=None)
 
     def counting_load(session_id, keys):
         loads.append(keys)
-        return original(session_id, keys)
+        found = database.recall_many(session_id, keys)
+        return [(k, found[k].version, found[k]) for k in keys]
 
-    cached._load = counting_load
-    values = run_threads(lambda i: cached.recall("s", "hot").value, 16)
+    def read(_worker):
+        found, _source = cached.cache.read_through("s", ["hot"], counting_load)
+        return found["hot"].value
+
+    values = run_threads(read, 16)
     assert values == ["value"] * 16
     assert len(loads) <= 4, f"{len(loads)} of 16 concurrent misses went to the database"
 
@@ -322,20 +328,22 @@ def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings):
             for i in range(60):
                 record = store.recall("s", f"k{i}")
                 assert record.version == latest[f"k{i}"] and record.value[0] == round_number
-        info = store.cache._client().info("stats")
+        info = store.cache.client.info("stats")
         assert info["evicted_keys"] > 0
     finally:
         server.stop()
 
 
 def test_memcheck_reports_a_cache_that_diverged_from_the_database(cached):
-    from agentmemory.consistency.checker import cache_divergence, load_state
+    from agentmemory.consistency.checker import cache_divergence
+    from agentmemory.consistency.state import cached_versions, load_state
 
     cached.recall("s", "k")
     cached.remember("s", "k", "v1")  # Redis holds v1
     cached.remember("s", "other", "same")
     MemoryStore(cache=None).remember("s", "k", "v2")  # a write Redis never heard of
-    anomalies = cache_divergence(cached.cache, load_state("default", ["s"]))
+    state = load_state("default", ["s"])
+    anomalies = cache_divergence(cached_versions(cached.cache, state), state)
     assert [(a.check, a.key, a.message) for a in anomalies] == [
         ("cache-divergence", "k", "Redis holds v1, the database v2")
     ]

@@ -1,5 +1,6 @@
-"""System checks: agentmemory.E001-E005, W001-W002, E010-E011."""
+"""System checks: agentmemory.E001-E009, W001-W002, E010-E011."""
 
+import pytest
 from django.core.checks import Error
 
 from agentmemory.checks import check_settings, database_warnings, tidb_errors
@@ -18,7 +19,24 @@ def test_unknown_setting_is_an_error(settings):
 
 def test_unknown_retry_setting_is_an_error(settings):
     settings.AGENTMEMORY = {"RETRY": {"TRIES": 3}}
-    assert ids(check_settings()) == ["agentmemory.E001"]
+    assert ids(check_settings()) == ["agentmemory.E008"]
+
+
+@pytest.mark.parametrize(
+    ("retry", "named"),
+    [
+        ({"ATTEMPTS": 0}, "ATTEMPTS"),
+        ({"ATTEMPTS": "3"}, "ATTEMPTS"),
+        ({"ATTEMPTS": True}, "ATTEMPTS"),
+        ({"BASE_DELAY": -1}, "BASE_DELAY"),
+        ({"MAX_DELAY": "0.5"}, "MAX_DELAY"),
+        ({"RECONNECT": "yes"}, "RECONNECT"),
+    ],
+)
+def test_bad_retry_values_are_errors_naming_the_value(settings, retry, named):
+    settings.AGENTMEMORY = {"RETRY": retry}
+    messages = check_settings()
+    assert ids(messages) == ["agentmemory.E009"] and named in messages[0].msg
 
 
 def test_unknown_database_and_cache_aliases_are_errors(settings):

@@ -102,16 +102,9 @@ def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
     assert report["counts"]["recall"]["ok"] > 0
 
 
-def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(monkeypatch, vendor):
+def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, vendor):
     """The kill fault bites: with reconnect-and-retry switched off, callers see the errors."""
-    import agentmemory.store as store_module
-    from agentmemory.vendors import Transient, classify
-
-    def no_disconnect_retry(exc):
-        kind = classify(exc)
-        return None if kind is Transient.DISCONNECT else kind
-
-    monkeypatch.setattr(store_module, "classify", no_disconnect_retry)
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "RETRY": {"RECONNECT": False}}
     code, report = run_json("--faults", "db", "--seconds", "6", "--workers", "6")
     if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
         assert code == 0 and set(report["faults"]["injected"]) == {"db-lock"}, report
@@ -200,6 +193,6 @@ def test_audit_finds_a_diverging_cache_entry_and_an_unpurged_expired_row(store):
     assert store.recall("s", "k").version == 2
     code, out = run("--audit")
     assert code == 0, out
-    store.cache._client().set(store.cache.entry_key("s", "k"), "1|planted")
+    store.cache.client.set(store.cache.entry_key("s", "k"), "1|planted")
     code, out = run("--audit")
     assert code == 1 and "cache-divergence" in out and "Redis holds v1, the database v2" in out

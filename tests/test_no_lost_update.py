@@ -3,14 +3,16 @@
 Real threads (and processes), each with its own connection, on a file-backed or server database.
 """
 
+import itertools
+
 import pytest
+from django.db import DatabaseError
 
 from agentmemory import MemoryStore, VersionConflict
-from agentmemory.consistency.unsafe import UnlockedMemoryStore
 from agentmemory.models import Memory
 
 from .conftest import run_threads
-from .helpers import run_processes
+from .helpers import inject_errors, run_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,7 +58,7 @@ def test_concurrent_updates_keep_every_append_exactly_once(store):
 
 def test_unlocked_read_then_write_loses_updates():
     """The same appends through an unlocked read-then-write lose elements: the check above can fail."""
-    unlocked = UnlockedMemoryStore(cache=None)
+    unlocked = MemoryStore(cache=None, row_lock=False)
     items = append_concurrently(unlocked, 8, 10)
     assert len(items) < 80, "without the row lock some appends must be lost"
     assert len(unlocked.history("s", "list")) == 80  # the versions alone look perfect
@@ -110,23 +112,29 @@ def test_overlapping_remember_many_never_deadlocks_to_the_caller(store):
 
 
 def test_remember_many_is_all_or_nothing(store):
+    """The history insert of the second key fails (an error the store does not retry): the
+    first key's row and version, written in the same transaction, are gone too."""
+    from .test_retries import fatal_error
+
     store.remember("s", "b", 1)
+    history_inserts = itertools.count(1)
 
-    class Boom(Exception):
-        pass
-
-    def failing(_):
-        raise Boom
-
-    from agentmemory.store import _Change
-
-    with pytest.raises(Boom):
-        store._write(
-            "s",
-            {"a": _Change("write", compute=lambda _: 1), "b": _Change("write", compute=failing)},
+    def on_the_second_history_insert(_n, sql):
+        return (
+            "memoryversion" in sql.lower()
+            and sql.lstrip().upper().startswith("INSERT")
+            and (next(history_inserts) == 2)
         )
-    assert store.recall("s", "a") is None
-    assert len(store.history("s", "b")) == 1
+
+    with (
+        inject_errors(fatal_error, when=on_the_second_history_insert) as hit,
+        pytest.raises(DatabaseError),
+    ):
+        store.remember_many("s", {"a": 1, "b": 2})
+    assert len(hit) == 1
+    assert store.recall("s", "a") is None and store.recall("s", "b").version == 1
+    assert store.history("s", "a") == [] and len(store.history("s", "b")) == 1
+    assert MemoryStore(cache=None).recall_many("s").keys() == {"b"}
 
 
 def _write_many(session_id, key, worker, count):

@@ -7,12 +7,11 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import IntegrityError, connection, transaction
 
-from agentmemory import MemoryStore
+from agentmemory.models import Memory, MemoryVersion
 from agentmemory.vendors import Transient, classify
 
-from .conftest import run_threads
 from .helpers import inject_errors
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -186,34 +185,19 @@ def lost_connection_error() -> BaseException:
     return psycopg.OperationalError("server closed the connection unexpectedly")
 
 
-class NoRowLockStore(MemoryStore):
-    """The store with ``select_for_update`` removed: what the row lock is for."""
-
-    def _lock_statement(self, statements):
-        return statements.lock_plain
-
-
-def test_without_the_row_lock_concurrent_updates_fail_on_servers():
-    """On a server, writers that skip the row lock read the same version; the unique
-    (memory, version) constraint then rejects all but one of them, so errors reach callers.
-    (SQLite's BEGIN IMMEDIATE serializes the whole transaction, so there the lock is not needed.)"""
-    store = NoRowLockStore(cache=None)
-    store.remember("s", "list", [])
-    errors = []
-
-    def appender(worker):
-        for i in range(20):
-            try:
-                store.update("s", "list", lambda items, item=f"{worker}-{i}": [*items, item])
-            except DatabaseError as exc:
-                errors.append(exc)
-
-    run_threads(appender, 8)
-    items = store.recall("s", "list").value
-    if connection.vendor == "sqlite":
-        assert errors == [] and len(items) == 160
-    else:
-        assert errors, "without the row lock, concurrent writers must collide"
-        assert len(items) == 160 - len(errors)
-    history = store.history("s", "list")
-    assert [h.version for h in history] == list(range(1, len(history) + 1))
+def test_the_history_rejects_a_second_copy_of_a_version_even_without_the_row_lock(store):
+    """The backstop of semantic 2: whatever a writer skipped, the database refuses to commit two
+    history rows for one version of one memory."""
+    store.remember("s", "k", 1)
+    memory = Memory.objects.get(session_id="s", key="k")
+    first = MemoryVersion.objects.get(memory=memory, version=1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        MemoryVersion.objects.create(
+            memory=memory,
+            version=1,
+            op="write",
+            value=2,
+            created_at=first.created_at,
+            request_id="another-writer",
+        )
+    assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, 1)]

@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentmemory import MemoryStore
-from agentmemory.consistency.unsafe import UnlockedMemoryStore
 from agentmemory.errors import InvalidMemory
 from agentmemory.models import Memory, MemoryVersion
 from agentmemory.testing import ConcurrencyUsageError, MemoryInconsistent, concurrently
@@ -73,7 +72,7 @@ def test_concurrently_catches_the_unlocked_writer():
 
     concurrently(bump(MemoryStore(cache=None)), workers=6)
     assert MemoryStore(cache=None).recall("s", "n").value == 60
-    concurrently(bump(UnlockedMemoryStore(cache=None)), workers=6)
+    concurrently(bump(MemoryStore(cache=None, row_lock=False)), workers=6)
     assert MemoryStore(cache=None).recall("s", "n").value < 120  # updates were lost
 
 
@@ -131,7 +130,7 @@ def test_assert_memory_consistent_passes_on_store_data_and_names_each_violation(
 def test_assert_memory_consistent_sees_a_stale_redis_entry(memory_store, assert_memory_consistent):
     memory_store.remember("s", "k", 1)
     memory_store.remember("s", "k", 2)
-    memory_store.cache._client().set(memory_store.cache.entry_key("s", "k"), "1|stale")
+    memory_store.cache.client.set(memory_store.cache.entry_key("s", "k"), "1|stale")
     with pytest.raises(MemoryInconsistent, match="Redis holds v1, the database v2"):
         assert_memory_consistent()
 

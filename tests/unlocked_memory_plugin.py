@@ -11,6 +11,6 @@ __all__ = ["assert_memory_consistent", "concurrently", "memory_clock", "memory_s
 
 @pytest.fixture
 def memory_store():
-    from agentmemory.consistency.unsafe import UnlockedMemoryStore
+    from agentmemory import MemoryStore
 
-    return UnlockedMemoryStore(cache=None)
+    return MemoryStore(cache=None, row_lock=False)

@@ -13,7 +13,8 @@ from django.db.models import Count
 
 from .. import clock
 from ..models import Memory, MemoryState, PendingInvalidation
-from .checker import Anomaly, StoredKey, audit_key, cache_divergence, duplicate_rows, load_state
+from .checker import Anomaly, audit_key, cache_divergence, duplicate_rows
+from .state import StoredKey, cached_versions, duplicate_keys, load_state
 
 BATCH = 500
 #: Live rows whose TTL passed longer ago than this are reported: ``purge_expired`` is not running.
@@ -45,7 +46,7 @@ def audit(
     audited = 0
     for start in range(0, len(sessions), BATCH):
         chunk = sessions[start : start + BATCH]
-        anomalies += duplicate_rows(using, chunk)
+        anomalies += duplicate_rows(duplicate_keys(using, chunk))
         state = load_state(using, chunk)
         for (sid, key), stored in sorted(state.items()):
             audited += 1
@@ -80,7 +81,7 @@ def _cache_audit(
     """Entries at another version than the database's, confirmed by a second look (database and
     Redis read again) so that a write landing between the two reads is not reported. Keys with a
     pending invalidation are known to be behind and are never served: they are skipped."""
-    suspects = cache_divergence(cache, state)
+    suspects = cache_divergence(cached_versions(cache, state), state)
     if not suspects:
         return []
     time.sleep(RECHECK_SECONDS)
@@ -91,7 +92,6 @@ def _cache_audit(
     )
     again = load_state(using, sorted({a.session_id for a in suspects}))
     suspected = {(a.session_id, a.key) for a in suspects}
-    confirmed = cache_divergence(
-        cache, {pair: stored for pair, stored in again.items() if pair in suspected}
-    )
+    recheck = {pair: stored for pair, stored in again.items() if pair in suspected}
+    confirmed = cache_divergence(cached_versions(cache, recheck), recheck)
     return [a for a in confirmed if (a.session_id, a.key) not in pending]

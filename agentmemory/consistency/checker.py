@@ -9,14 +9,11 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db.models import Count
-
-from ..models import Memory, MemoryVersion
 from .history import History, Operation, token_of
+from .state import StoredKey, StoredVersion
 
 #: Every check, in report order, with what it proves.
 CHECKS = {
@@ -51,97 +48,33 @@ class Anomaly:
         return asdict(self)
 
 
-@dataclass
-class StoredVersion:
-    version: int
-    op: str
-    value: Any
-    created_at: float
-    expires_at: float | None
-
-
-@dataclass
-class StoredKey:
-    rows: int = 0
-    live_version: int = 0
-    live_state: str = ""
-    versions: list[StoredVersion] = field(default_factory=list)
-
-
-def load_state(using: str, session_ids: Iterable[str]) -> dict[tuple[str, str], StoredKey]:
-    """What the database holds for these sessions (read-only)."""
-    sessions = list(session_ids)
-    state: dict[tuple[str, str], StoredKey] = defaultdict(StoredKey)
-    for session_id, key, version, live_state in (
-        Memory.objects.using(using)
-        .filter(session_id__in=sessions)
-        .values_list("session_id", "key", "version", "state")
-    ):
-        stored = state[(session_id, key)]
-        stored.rows += 1
-        stored.live_version, stored.live_state = version, live_state
-    versions = (
-        MemoryVersion.objects.using(using)
-        .filter(memory__session_id__in=sessions)
-        .order_by("memory_id", "version")
-        .values_list(
-            "memory__session_id",
-            "memory__key",
-            "version",
-            "op",
-            "value",
-            "created_at",
-            "expires_at",
-        )
-    )
-    for session_id, key, version, op, value, created, expires in versions:
-        state[(session_id, key)].versions.append(
-            StoredVersion(
-                version, op, value, created.timestamp(), expires.timestamp() if expires else None
-            )
-        )
-    return dict(state)
-
-
-def cache_divergence(cache: Any, state: dict[tuple[str, str], StoredKey]) -> list[Anomaly]:
-    """At quiescence, an entry Redis holds must be the database's current version (a missing
-    entry is only a future miss). Needs a reachable Redis; reports nothing without a cache."""
-    if cache is None:
-        return []
-    keys = sorted(state)
-    client = cache._client()
-    raw = client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
+def cache_divergence(
+    cached: dict[tuple[str, str], int | None], state: dict[tuple[str, str], StoredKey]
+) -> list[Anomaly]:
+    """At quiescence, an entry Redis holds (``cached``: its version per key, None where Redis
+    holds none) must be the database's current version; a missing entry is only a future miss."""
     anomalies = []
-    for (session_id, key), entry in zip(keys, raw, strict=True):
-        if entry is None:
+    for (session_id, key), version in sorted(cached.items()):
+        if version is None or (session_id, key) not in state:
             continue
-        cached = int((entry.decode() if isinstance(entry, bytes) else entry).partition("|")[0])
         stored = state[(session_id, key)].live_version
-        if cached != stored:
+        if version != stored:
             anomalies.append(
                 Anomaly(
                     "cache-divergence",
                     session_id,
                     key,
-                    f"Redis holds v{cached}, the database v{stored}",
+                    f"Redis holds v{version}, the database v{stored}",
                 )
             )
     return anomalies
 
 
-def duplicate_rows(using: str, session_ids: Iterable[str]) -> list[Anomaly]:
-    dupes = (
-        Memory.objects.using(using)
-        .filter(session_id__in=list(session_ids))
-        .values("session_id", "key")
-        .annotate(n=Count("id"))
-        .filter(n__gt=1)
-    )
+def duplicate_rows(duplicates: dict[tuple[str, str], int]) -> list[Anomaly]:
+    """One anomaly per (session_id, key) with more than one row (``duplicates``: the counts)."""
     return [
-        Anomaly(
-            "duplicate-row", d["session_id"], d["key"], f"{d['n']} rows for one (session_id, key)"
-        )
-        for d in dupes
+        Anomaly("duplicate-row", session_id, key, f"{n} rows for one (session_id, key)")
+        for (session_id, key), n in sorted(duplicates.items())
     ]
 
 
@@ -409,7 +342,7 @@ __all__ = [
     "Anomaly",
     "StoredKey",
     "audit_key",
+    "cache_divergence",
     "check_history",
     "duplicate_rows",
-    "load_state",
 ]

@@ -68,7 +68,7 @@ def fault_kinds(mode: str, database: str, cache: Any) -> tuple[str, ...]:
             raise FaultsUnavailable(
                 f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
             )
-        host = cache._client().connection_pool.connection_kwargs.get("host", "")
+        host = cache.client.connection_pool.connection_kwargs.get("host", "")
         if host not in LOOPBACK:
             raise FaultsUnavailable(
                 f"--faults {mode} pauses and disconnects Redis, so it runs only against a Redis "
@@ -217,7 +217,7 @@ class Nemesis:
         return True
 
     def _cache_kill(self) -> bool:
-        pool = self.cache._client().connection_pool
+        pool = self.cache.client.connection_pool
         with pool._lock:  # redis-py's pool: the connections it holds, idle and in use
             held = [*pool._available_connections, *pool._in_use_connections]
         sockets = [conn._sock for conn in held if getattr(conn, "_sock", None) is not None]
@@ -241,7 +241,7 @@ class Nemesis:
         if self._admin is None:
             import redis
 
-            pool = self.cache._client().connection_pool
+            pool = self.cache.client.connection_pool
             kwargs = {**pool.connection_kwargs, "socket_timeout": 5, "socket_connect_timeout": 5}
             self._admin = redis.Redis(
                 connection_pool=redis.ConnectionPool(

@@ -16,10 +16,10 @@ from django.db import connections
 
 from ..store import MemoryStore
 from .bootstrap import setup_process
-from .checker import Anomaly, cache_divergence, check_history, duplicate_rows, load_state
+from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
 from .faults import LOCAL_FAULTS, FaultsUnavailable, Nemesis, fault_kinds
 from .history import History, Operation
-from .unsafe import UnlockedMemoryStore
+from .state import cached_versions, duplicate_keys, load_state
 from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
 
 
@@ -93,7 +93,7 @@ def make_store(database: str, unsafe: bool) -> MemoryStore:
     # The configured cache tier included: memcheck checks what the application will run. The
     # unlocked demo path runs without it, so what it finds is the missing lock alone.
     if unsafe:
-        return UnlockedMemoryStore(using=database, cache=None)
+        return MemoryStore(using=database, cache=None, row_lock=False)
     return MemoryStore(using=database)
 
 
@@ -250,8 +250,9 @@ def run_memcheck(
         final_reads(store, run_id, config, history)
         retries.update(store.retries)
         state = load_state(database, sessions)
-        anomalies = duplicate_rows(database, sessions) + check_history(history, state)
-        anomalies += cache_divergence(store.cache, state)
+        anomalies = duplicate_rows(duplicate_keys(database, sessions))
+        anomalies += check_history(history, state)
+        anomalies += cache_divergence(cached_versions(store.cache, state), state)
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)

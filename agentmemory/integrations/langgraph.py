@@ -43,7 +43,7 @@ from langgraph.store.base import (
 
 from .. import clock
 from ..errors import InvalidMemory, VersionConflict
-from ..models import Memory, MemoryState
+from ..models import Memory, is_live
 from ..store import MemoryStore
 from ..validation import SESSION_ID_MAX
 from ..vendors import prefix_filter
@@ -278,7 +278,7 @@ class AgentMemoryStore(BaseStore):
         now = clock.now()
         found = []
         for row in rows.order_by("session_id", "key").iterator(chunk_size=500):
-            if row.expires_at is not None and row.expires_at <= now:
+            if not is_live(row.state, row.expires_at, now):
                 continue
             if op.filter and not matches(row.value, op.filter):
                 continue
@@ -302,7 +302,7 @@ class AgentMemoryStore(BaseStore):
         """Live rows of every session starting with ``prefix``: a range over the unique index
         where the database orders session ids by code point (SQLite, MySQL family's binary
         collation), ``LIKE 'prefix%'`` on PostgreSQL."""
-        rows = Memory.objects.using(self.store.using).filter(state=MemoryState.LIVE)
+        rows = Memory.objects.using(self.store.using).live()
         return rows.filter(prefix_filter(connections[self.store.using], "session_id", prefix))
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:

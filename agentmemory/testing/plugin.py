@@ -30,15 +30,11 @@ def memory_store() -> Iterator[Any]:
     ``transactional_db`` with it."""
     from ..store import MemoryStore
 
-    store = MemoryStore()
-    namespace = None
-    if store.cache is not None:
-        namespace = f"{store.cache.prefix}test-{uuid.uuid4().hex[:12]}:"
-        store.cache.prefix = namespace
+    store = MemoryStore(namespace=f"test-{uuid.uuid4().hex[:12]}")
     yield store
-    if namespace is not None:
-        client = store.cache._client()
-        names = list(client.scan_iter(match=f"{namespace}*", count=1000))
+    if store.cache is not None:
+        client = store.cache.client
+        names = list(client.scan_iter(match=f"{store.cache.prefix}*", count=1000))
         if names:
             client.delete(*names)
 

@@ -1,0 +1,65 @@
+"""The retry policy: run a transaction (or a read) again when the database says it may.
+
+Which errors qualify is :func:`agentmemory.vendors.classify`'s call; how often and how long to
+wait is ``AGENTMEMORY["RETRY"]`` (read at each call, so ``override_settings`` applies). Callers
+see the result, the error that is not transient, or :class:`~agentmemory.MemoryUnavailable`.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import DatabaseError, connections
+
+from .conf import get_config
+from .errors import MemoryUnavailable
+from .vendors import Transient, classify
+
+T = TypeVar("T")
+
+
+class Retrier:
+    """Retries for one database alias, with a count of what was absorbed, by kind."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        #: Transient errors absorbed by retries, by kind; read by memcheck and the benchmarks.
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def run(self, attempt: Callable[[bool], T]) -> T:
+        """``attempt(retry)`` until it succeeds, with jittered exponential backoff between
+        tries: attempt n waits random(0, min(MAX_DELAY, BASE_DELAY * 2**n)). Inside a caller's
+        transaction nothing can be retried (the server rolled the whole transaction back), so
+        the error propagates for the caller to retry."""
+        connection = connections[self.using]
+        if connection.in_atomic_block:
+            return attempt(False)
+        policy = get_config()["RETRY"]
+        attempts = policy["ATTEMPTS"]
+        error: BaseException | None = None
+        for number in range(attempts):
+            if number:
+                ceiling = min(policy["MAX_DELAY"], policy["BASE_DELAY"] * 2**number)
+                time.sleep(random.uniform(0, ceiling))
+            try:
+                return attempt(number > 0)
+            except DatabaseError as exc:
+                kind = classify(exc)
+                if kind is None or (kind is Transient.DISCONNECT and not policy["RECONNECT"]):
+                    raise
+                with self._lock:
+                    self.counts[kind.value] += 1
+                error = exc
+                if kind is Transient.DISCONNECT:
+                    connection.close()
+        raise MemoryUnavailable(
+            f"database {self.using!r} still failing after {attempts} attempts: {error}",
+            cause=error,
+            attempts=attempts,
+        ) from error

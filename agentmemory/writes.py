@@ -1,0 +1,259 @@
+"""The one write path: every change to a memory goes through :meth:`WritePath.write`.
+
+It takes the row lock of each key (insert-if-missing, then ``SELECT ... FOR UPDATE``; SQLite's
+``BEGIN IMMEDIATE`` serializes writers), records a due expiry as a version first, checks the
+expected version, appends exactly one history version and makes the live row match it, and
+schedules the cache tier's update for after the commit -- all in one transaction, retried as a
+whole by :class:`~agentmemory.retries.Retrier`. ``remember``, ``update``, ``revert``, ``forget``,
+``expire``, ``purge_expired``, the admin and the LangGraph adapter all come here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+
+from . import clock, validation
+from .cache import MemoryCache
+from .conf import get_config
+from .errors import InvalidMemory, VersionConflict
+from .models import Memory, MemoryState, MemoryVersion, Op, is_live
+from .records import MemoryRecord
+from .retries import Retrier
+from .sql import LockedRow, encode_json, statements_for, to_datetime
+from .vendors import insert_if_missing
+
+#: With ``row_lock=False``: seconds between the unlocked read and the write (the gap an agent's
+#: own work, an LLM call, would leave).
+UNLOCKED_GAP_SECONDS = 0.002
+
+
+@dataclass
+class Change:
+    """What one call asks the write path to do to one key."""
+
+    op: str
+    # For write/revert: fn(current value or default) -> new value, run under the row lock.
+    compute: Callable[[Any], Any] | None = None
+    default: Any = None
+    ttl: timedelta | None = None
+    expected_version: int | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # An idempotency key given by the caller is checked on every attempt; a generated one only
+    # on retries (the first attempt cannot have committed before).
+    caller_request_id: bool = False
+    # forget/expire touch only an existing row; writes create it.
+    create: bool = True
+    # expire: only if the TTL has passed (purge_expired), or now whatever it is (expire()).
+    due_only: bool = True
+
+
+class WritePath:
+    """Writes of one store: its database alias, its cache tier (or None) and its retries.
+
+    ``row_lock=False`` is the declared unsafe seam: each write checks its expected version and
+    computes its value from a read made *before* it takes the row lock -- the read-then-write
+    race the lock exists to prevent. Versions stay gap-free (they are still counted under the
+    lock), but values computed from stale reads overwrite newer ones. For ``memcheck --unsafe``
+    and the tests that show the checker catches it; never for real data.
+    """
+
+    def __init__(
+        self, using: str, cache: MemoryCache | None, retrier: Retrier, *, row_lock: bool = True
+    ) -> None:
+        self.using = using
+        self.cache = cache
+        self.retrier = retrier
+        self.row_lock = row_lock
+
+    def write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
+        """Apply ``changes`` in one transaction, locking rows in sorted key order (so writers of
+        overlapping key sets cannot deadlock each other), retried as a whole. Returns, per key,
+        the new :class:`MemoryRecord` (writes), True (retired), or None (nothing to do)."""
+        observed = None if self.row_lock else self._observe(session_id, sorted(changes))
+
+        def attempt(retry: bool) -> dict[str, Any]:
+            now = clock.now()
+            updates: dict[str, tuple[MemoryRecord | None, int]] = {}
+            results = {}
+            for key in sorted(changes):
+                basis = observed[key] if observed is not None else _LOCKED
+                results[key] = self._apply(
+                    session_id, key, changes[key], now, retry, updates, basis
+                )
+            if self.cache is not None and updates:
+                # Only after the commit: a rolled-back attempt must leave Redis untouched.
+                cache = self.cache
+                transaction.on_commit(lambda: cache.written(session_id, updates), using=self.using)
+            return results
+
+        return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+
+    def _atomic(self, attempt: Callable[[bool], Any], retry: bool) -> Any:
+        with transaction.atomic(using=self.using):
+            return attempt(retry)
+
+    def _apply(
+        self,
+        session_id: str,
+        key: str,
+        change: Change,
+        now: datetime,
+        retry: bool,
+        updates: dict[str, tuple[MemoryRecord | None, int]],
+        basis: Any,
+    ) -> Any:
+        """Inside the transaction: lock the row, check, append one version, update the row.
+        ``updates`` collects the key's new state for the cache tier. ``basis`` is the row as the
+        unsafe seam read it before the lock, or ``_LOCKED``: the locked row itself."""
+        row = self._lock_row(session_id, key, now, create=change.create)
+        if row is None:  # forget/expire/revert of a memory that never existed
+            if change.op == Op.REVERT:
+                raise InvalidMemory(
+                    "version", f"({session_id!r}, {key!r}) has no history to revert to"
+                )
+            self._check_cas(session_id, key, change, actual=0)
+            return None
+        if retry or change.caller_request_id:
+            done = self._find_request(row, change.request_id)
+            if done is not None:
+                return done
+        if row.state == MemoryState.LIVE and not is_live(row.state, row.expires_at, now):
+            # Expiry is a version too: record it before anything else happens to the key.
+            self._append(row, Op.EXPIRE, None, now, None, uuid.uuid4().hex)
+            updates[key] = (None, row.version)
+            if change.op == Op.EXPIRE:
+                return True
+        if change.op == Op.EXPIRE and change.due_only:
+            return None  # rewritten with a new TTL since purge_expired looked
+        live = row.state == MemoryState.LIVE
+        seen = row if basis is _LOCKED else basis
+        seen_live = seen is not None and is_live(seen.state, seen.expires_at, now)
+        self._check_cas(session_id, key, change, actual=seen.version if seen_live else 0)
+        if change.op in (Op.FORGET, Op.EXPIRE):
+            if not live:
+                return None
+            self._append(row, change.op, None, now, None, change.request_id)
+            updates[key] = (None, row.version)
+            return True
+        assert change.compute is not None
+        value = change.compute(seen.value if seen_live else change.default)
+        expires_at = _expires_at(change, now)
+        if not live:
+            row.created_at = now
+        self._append(row, change.op, value, now, expires_at, change.request_id)
+        record = MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
+        updates[key] = (record, row.version)
+        return record
+
+    def _observe(self, session_id: str, keys: list[str]) -> dict[str, LockedRow | None]:
+        """The unsafe seam's read: each row as it is now, without a lock, outside the
+        transaction; then the gap before the write."""
+        found = {key: self._select(session_id, key, lock=False) for key in keys}
+        time.sleep(UNLOCKED_GAP_SECONDS)
+        return found
+
+    def _lock_row(
+        self, session_id: str, key: str, now: datetime, *, create: bool
+    ) -> LockedRow | None:
+        row = self._select(session_id, key, lock=True)
+        if row is None and create:
+            # Insert-if-missing, then lock: two writers racing to create a key never make two
+            # rows, and neither sees an IntegrityError. The placeholder (version 0, not live)
+            # is overwritten below in the same transaction, or rolled back with it.
+            values = {
+                "session_id": session_id,
+                "key": key,
+                "version": 0,
+                "state": MemoryState.FORGOTTEN,
+                "created_at": now,
+                "updated_at": now,
+            }
+            insert_if_missing(connections[self.using], Memory, values)
+            row = self._select(session_id, key, lock=True)
+        return row
+
+    def _select(self, session_id: str, key: str, *, lock: bool) -> LockedRow | None:
+        connection = connections[self.using]
+        statements = statements_for(connection)
+        with connection.cursor() as cursor:
+            cursor.execute(statements.lock if lock else statements.read_row, [session_id, key])
+            found = cursor.fetchone()
+        if found is None:
+            return None
+        row_id, session_id, key, version, state, raw, created, expires = found
+        return LockedRow(
+            row_id, session_id, key, version, state, raw, to_datetime(created), to_datetime(expires)
+        )
+
+    def _append(
+        self,
+        row: LockedRow,
+        op: str,
+        value: Any,
+        now: datetime,
+        expires_at: datetime | None,
+        request_id: str,
+    ) -> None:
+        """Append version ``row.version + 1`` and make the live row match it."""
+        row.version += 1
+        row.value = value
+        row.state = {Op.FORGET: MemoryState.FORGOTTEN, Op.EXPIRE: MemoryState.EXPIRED}.get(
+            op, MemoryState.LIVE
+        )
+        row.expires_at = expires_at
+        connection = connections[self.using]
+        statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
+        text, at, until = encode_json(value), adapt(now), adapt(expires_at)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                statements.update_row,
+                [row.version, text, row.state, adapt(row.created_at), at, until, row.id],
+            )
+            cursor.execute(
+                statements.insert_version, [row.id, row.version, op, text, at, until, request_id]
+            )
+
+    def _find_request(self, row: LockedRow, request_id: str) -> Any:
+        """The result of an earlier attempt or call with the same request id, if it committed."""
+        done = (
+            MemoryVersion.objects.using(self.using)
+            .filter(memory_id=row.id, request_id=request_id)
+            .first()
+        )
+        if done is None:
+            return None
+        if done.op in (Op.FORGET, Op.EXPIRE):
+            return True
+        return MemoryRecord(
+            row.session_id,
+            row.key,
+            done.value,
+            done.version,
+            row.created_at,
+            done.created_at,
+            done.expires_at,
+        )
+
+    def _check_cas(self, session_id: str, key: str, change: Change, *, actual: int) -> None:
+        if change.expected_version is not None and change.expected_version != actual:
+            raise VersionConflict(session_id, key, expected=change.expected_version, actual=actual)
+
+
+_LOCKED: Any = object()
+
+
+def default_ttl() -> timedelta | None:
+    """``AGENTMEMORY["DEFAULT_TTL"]`` as a timedelta (None: never), read at each use."""
+    return validation.check_ttl(get_config()["DEFAULT_TTL"])
+
+
+def _expires_at(change: Change, now: datetime) -> datetime | None:
+    ttl = change.ttl if change.ttl is not None else default_ttl()
+    return None if ttl is None else now + ttl
