@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from functools import lru_cache
 from typing import Any
@@ -33,8 +34,9 @@ from . import clock
 from .conf import get_config
 from .errors import InvalidMemory, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, is_live
+from .records import VALUE_OPS
 from .store import MemoryStore
-from .vendors import prefix_filter
+from .vendors import estimated_rows, prefix_filter
 
 #: A filtered changelist counts at most this many rows ("10000+" beyond).
 COUNT_CAP = 10_000
@@ -91,23 +93,7 @@ class EstimatedCountPaginator(Paginator):
 
 
 def _estimated_rows(queryset: QuerySet) -> int | None:
-    connection = connections[queryset.db]
-    table = queryset.model._meta.db_table
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table]
-            )
-        elif connection.vendor == "mysql":
-            cursor.execute(
-                "SELECT table_rows FROM information_schema.tables "
-                "WHERE table_schema = DATABASE() AND table_name = %s",
-                [table],
-            )
-        else:
-            return None
-        row = cursor.fetchone()
-    return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+    return estimated_rows(connections[queryset.db], queryset.model._meta.db_table)
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -307,16 +293,21 @@ class MemoryAdmin(admin.ModelAdmin):
         description="Forget selected memories (a forget version each)", permissions=["change"]
     )
     def forget_selected(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
-        return self._bulk(request, queryset, "forget", "forgot")
+        return self._bulk(request, queryset, "forget", MemoryStore.forget, "forgot")
 
     @admin.action(
         description="Expire selected memories now (an expire version each)", permissions=["change"]
     )
     def expire_selected(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
-        return self._bulk(request, queryset, "expire", "expired")
+        return self._bulk(request, queryset, "expire", MemoryStore.expire, "expired")
 
     def _bulk(
-        self, request: HttpRequest, queryset: QuerySet, method: str, done: str
+        self,
+        request: HttpRequest,
+        queryset: QuerySet,
+        verb: str,
+        retire: Callable[..., bool],
+        done: str,
     ) -> TemplateResponse | None:
         """First a confirmation page listing each memory at the version the operator sees; then,
         once confirmed, each change with compare-and-set against that version: a memory an agent
@@ -339,10 +330,10 @@ class MemoryAdmin(admin.ModelAdmin):
                 "admin/agentmemory/memory/bulk_confirmation.html",
                 {
                     **self.admin_site.each_context(request),
-                    "title": f"{method.capitalize()} {len(memories)} memories?",
+                    "title": f"{verb.capitalize()} {len(memories)} memories?",
                     "opts": self.model._meta,
                     "action": request.POST.get("action", ""),
-                    "verb": method,
+                    "verb": verb,
                     "rows": [(memory, status_of(memory)) for memory in memories],
                     "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
                 },
@@ -351,8 +342,8 @@ class MemoryAdmin(admin.ModelAdmin):
         for memory in memories:
             try:
                 loaded = int(request.POST[f"loaded_version_{memory.pk}"])
-                retire = getattr(store, method)
                 if retire(
+                    store,
                     memory.session_id,
                     memory.key,
                     expected_version=expected_for(memory, loaded),
@@ -457,16 +448,18 @@ class MemoryAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(url)
 
     def forget_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        return self._retire(request, pk, "forget", "Forgot the memory")
+        return self._retire(request, pk, MemoryStore.forget, "Forgot the memory")
 
     def expire_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        return self._retire(request, pk, "expire", "Expired the memory now")
+        return self._retire(request, pk, MemoryStore.expire, "Expired the memory now")
 
-    def _retire(self, request: HttpRequest, pk: int, method: str, done: str) -> HttpResponse:
+    def _retire(
+        self, request: HttpRequest, pk: int, retire: Callable[..., bool], done: str
+    ) -> HttpResponse:
         """Forget or expire: a version that retires the live memory."""
 
         def act(store: MemoryStore, memory: Memory, expected: int) -> str | None:
-            if getattr(store, method)(memory.session_id, memory.key, expected_version=expected):
+            if retire(store, memory.session_id, memory.key, expected_version=expected):
                 return f"{done} (version {memory.version} -> {memory.version + 1})."
             return None
 
@@ -520,8 +513,8 @@ def history_rows(memory: Memory) -> list[dict[str, Any]]:
     for newer, older in zip(versions, [*versions[1:], None], strict=False):
         if len(rows) == HISTORY_SHOWN:
             break
-        before = _pretty(older["value"]) if older and older["op"] in ("write", "revert") else ""
-        after = _pretty(newer["value"]) if newer["op"] in ("write", "revert") else ""
+        before = _pretty(older["value"]) if older and older["op"] in VALUE_OPS else ""
+        after = _pretty(newer["value"]) if newer["op"] in VALUE_OPS else ""
         diff = _diff_lines(before, after)
         rows.append(
             {
@@ -543,8 +536,7 @@ def history_rows(memory: Memory) -> list[dict[str, Any]]:
                         for line in diff or ()
                     ),
                 ),
-                "revertible": newer["op"] in ("write", "revert")
-                and newer["version"] != memory.version,
+                "revertible": newer["op"] in VALUE_OPS and newer["version"] != memory.version,
             }
         )
     return rows

@@ -13,17 +13,7 @@ from typing import Any
 
 from django.db import models
 
-
-def exact_collation(connection: Any) -> str | None:
-    if connection.vendor != "mysql":
-        return None
-    if getattr(connection, "display_name", "") == "TiDB":
-        # TiDB's new collation framework: utf8mb4_bin is PAD SPACE as in MySQL, and TiDB >= 7.4
-        # adds utf8mb4_0900_bin (NO PAD). Older TiDB falls back to utf8mb4_bin.
-        return "utf8mb4_0900_bin" if connection.tidb_version >= (7, 4) else "utf8mb4_bin"
-    if connection.mysql_is_mariadb:
-        return "utf8mb4_nopad_bin"
-    return "utf8mb4_0900_bin"
+from .vendors import exact_collation
 
 
 class ExactCharField(models.CharField):

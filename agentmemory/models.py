@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from . import clock
 from .fields import ExactCharField
+from .records import Op
 from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX, visible
 
 
@@ -21,13 +22,6 @@ class MemoryState(models.TextChoices):
     LIVE = "live", "live"
     FORGOTTEN = "forgotten", "forgotten"
     EXPIRED = "expired", "expired"
-
-
-class Op(models.TextChoices):
-    WRITE = "write", "write"
-    FORGET = "forget", "forget"
-    EXPIRE = "expire", "expire"
-    REVERT = "revert", "revert"
 
 
 def is_live(state: str, expires_at: datetime | None, now: datetime) -> bool:
@@ -85,7 +79,7 @@ class MemoryVersion(models.Model):
     id = models.BigAutoField(primary_key=True)
     memory = models.ForeignKey(Memory, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveBigIntegerField()
-    op = models.CharField(max_length=8, choices=Op.choices)
+    op = models.CharField(max_length=8, choices=[(op.value, op.value) for op in Op])
     value = models.JSONField(null=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True)

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
-Op = Literal["write", "forget", "expire", "revert"]
+
+class Op(StrEnum):
+    """What a version did: the one list of operations (the history column's choices too)."""
+
+    WRITE = "write"
+    FORGET = "forget"
+    EXPIRE = "expire"
+    REVERT = "revert"
+
+
+#: The operations whose version holds a value (the others retire the memory).
+VALUE_OPS = frozenset({Op.WRITE, Op.REVERT})
 
 
 @dataclass(frozen=True, slots=True)

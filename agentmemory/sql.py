@@ -18,6 +18,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from .models import Memory, MemoryVersion
+from .vendors import json_placeholder
 
 _UNSET: Any = object()
 
@@ -83,9 +84,8 @@ class Statements:
 
 
 @cache
-def _build(vendor: str, quote_key: str, select_for_update: bool) -> Statements:
+def _build(json_param: str, quote_key: str, select_for_update: bool) -> Statements:
     memory, version = Memory._meta.db_table, MemoryVersion._meta.db_table
-    json_param = "%s::jsonb" if vendor == "postgresql" else "%s"
     columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
     where = f"WHERE session_id = %s AND {quote_key} = %s"
     plain = f"SELECT {columns} FROM {memory} {where}"
@@ -120,7 +120,7 @@ def _read_keys(quote_key: str, count: int) -> str:
 
 def statements_for(connection: Any) -> Statements:
     return _build(
-        connection.vendor,
+        json_placeholder(connection),
         connection.ops.quote_name("key"),
         bool(connection.features.has_select_for_update),
     )

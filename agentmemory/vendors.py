@@ -3,6 +3,8 @@
 - which errors mean "the transaction was rolled back, run it again" (``CONFLICT``) and which mean
   "the connection is gone, reconnect and run it again" (``DISCONNECT``);
 - how to tell TiDB from MySQL/MariaDB (django-tidb reports vendor ``"mysql"``);
+- the exact (binary, no-pad) collation of the id columns on the MySQL family;
+- the server's row estimate (the admin's changelist) and the JSON parameter placeholder;
 - how to select the strings that start with a prefix, exactly (SQLite's ``LIKE`` ignores ASCII
   case).
 """
@@ -111,6 +113,43 @@ def insert_if_missing(connection: Any, model: Any, values: dict[str, Any]) -> No
         cursor.execute(sql, params)
 
 
+def exact_collation(connection: Any) -> str | None:
+    if connection.vendor != "mysql":
+        return None
+    if getattr(connection, "display_name", "") == "TiDB":
+        # TiDB's new collation framework: utf8mb4_bin is PAD SPACE as in MySQL, and TiDB >= 7.4
+        # adds utf8mb4_0900_bin (NO PAD). Older TiDB falls back to utf8mb4_bin.
+        return "utf8mb4_0900_bin" if connection.tidb_version >= (7, 4) else "utf8mb4_bin"
+    if connection.mysql_is_mariadb:
+        return "utf8mb4_nopad_bin"
+    return "utf8mb4_0900_bin"
+
+
+def estimated_rows(connection: Any, table: str) -> int | None:
+    """The server's own estimate of a table's row count (no scan), or None where there is none
+    (SQLite)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table]
+            )
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                [table],
+            )
+        else:
+            return None
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+
+
+def json_placeholder(connection: Any) -> str:
+    """The parameter placeholder of a JSON column (PostgreSQL wants the text cast to jsonb)."""
+    return "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+
+
 def prefix_filter(connection: Any, field: str, prefix: str) -> Q:
     """The rows whose ``field`` starts with ``prefix``, case and all.
 
@@ -122,13 +161,13 @@ def prefix_filter(connection: Any, field: str, prefix: str) -> Q:
         return Q()
     if connection.vendor not in ("sqlite", "mysql"):
         return Q(**{f"{field}__startswith": prefix})
-    upper = _successor(prefix)
+    upper = prefix_successor(prefix)
     if upper is None:  # the prefix is all U+10FFFF: nothing sorts after it but its extensions
         return Q(**{f"{field}__gte": prefix})
     return Q(**{f"{field}__gte": prefix, f"{field}__lt": upper})
 
 
-def _successor(prefix: str) -> str | None:
+def prefix_successor(prefix: str) -> str | None:
     """The smallest string greater than every string starting with ``prefix``."""
     while prefix:
         code = ord(prefix[-1]) + 1
@@ -138,3 +177,37 @@ def _successor(prefix: str) -> str | None:
             return prefix[:-1] + chr(code)
         prefix = prefix[:-1]
     return None
+
+
+def server_connection_id(connection: Any) -> int | None:
+    """The server's id of this open connection (what another session kills it by); None on
+    SQLite, which runs in-process."""
+    if connection.vendor == "mysql":
+        return int(connection.connection.thread_id())
+    if connection.vendor == "postgresql":
+        return int(connection.connection.info.backend_pid)
+    return None
+
+
+def kill_connection(connection: Any, server_id: int) -> bool:
+    """Close another session's connection server-side, from ``connection``; False if it was
+    gone already."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s)", [server_id])
+            return bool(cursor.fetchone()[0])
+        try:
+            cursor.execute(f"KILL CONNECTION {int(server_id)}")
+        except DatabaseError:  # 1094 unknown thread id: it had closed already
+            return False
+        return True
+
+
+def set_lock_wait(connection: Any, seconds: int) -> None:
+    """Make this session give up on a row lock after ``seconds`` (a lock-timeout error, which
+    the store retries); SQLite keeps its busy timeout."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
+        elif connection.vendor == "postgresql":
+            cursor.execute(f"SET lock_timeout = '{int(seconds)}s'")

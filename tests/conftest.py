@@ -28,6 +28,20 @@ def redis_alias() -> str:
     return "agentmemory"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``server`` act on a server connection (kill it server-side): they do not
+    apply to SQLite, which runs in-process, and are deselected there -- never skipped on a
+    server backend."""
+    from django.conf import settings
+
+    if not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        return
+    server_only = [item for item in items if item.get_closest_marker("server")]
+    if server_only:
+        config.hook.pytest_deselected(items=server_only)
+        items[:] = [item for item in items if not item.get_closest_marker("server")]
+
+
 @pytest.fixture(autouse=True)
 def _reset_clock():
     yield

@@ -1,16 +1,17 @@
-"""What only a server shows: its own transient error codes (TiDB's among them, injected as the
-driver's exceptions), connections killed server-side mid-transaction, a lost COMMIT
-acknowledgement, and what happens to the same writers without the row lock."""
+"""Retries against what a server does: its own transient error codes (TiDB's among them, injected
+as the driver's exceptions) on every statement of a write, connections killed server-side
+mid-transaction, a lost COMMIT acknowledgement; and the history's uniqueness backstop."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 
 from agentmemory.models import Memory, MemoryVersion
-from agentmemory.vendors import Transient, classify
+from agentmemory.vendors import kill_connection, server_connection_id
 
 from .helpers import inject_errors
 
@@ -74,62 +75,22 @@ def test_each_transient_error_is_retried_on_every_statement_of_a_write(store, st
         ], label
 
 
-def test_tidb_error_codes_are_classified_as_retryable():
-    import MySQLdb
-
-    for code in (9007, 8002, 8022, 8028, 1213, 1205):
-        assert classify(MySQLdb.OperationalError(code, "x")) is Transient.CONFLICT
-    for code in (2006, 2013, 1927):
-        assert classify(MySQLdb.OperationalError(code, "x")) is Transient.DISCONNECT
-    assert classify(MySQLdb.IntegrityError(1062, "Duplicate entry")) is None
-    assert classify(MySQLdb.OperationalError(1146, "Table doesn't exist")) is None
-
-
-def test_postgres_states_are_classified():
-    import psycopg
-
-    assert classify(psycopg.errors.SerializationFailure()) is Transient.CONFLICT
-    assert classify(psycopg.errors.DeadlockDetected()) is Transient.CONFLICT
-    assert classify(psycopg.errors.AdminShutdown()) is Transient.DISCONNECT
-    assert classify(psycopg.errors.UniqueViolation()) is None
-
-
 def kill_current_connection() -> None:
-    """Kill this thread's database connection from another connection, server-side."""
-    if connection.vendor == "mysql":
-        import MySQLdb
+    """Kill this thread's database connection server-side, from another thread's connection."""
+    target = server_connection_id(connection)
 
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT CONNECTION_ID()")
-            target = cursor.fetchone()[0]
-        settings = connection.settings_dict
-        killer = MySQLdb.connect(
-            host=settings["HOST"],
-            port=int(settings["PORT"]),
-            user=settings["USER"],
-            passwd=settings["PASSWORD"],
-        )
-        killer.cursor().execute(f"KILL {int(target)}")
-        killer.close()
-    else:
-        import psycopg
+    def kill() -> None:
+        try:
+            assert kill_connection(connections["default"], target)
+        finally:
+            connections.close_all()
 
-        target = connection.connection.info.backend_pid
-        settings = connection.settings_dict
-        with psycopg.connect(
-            host=settings["HOST"],
-            port=settings["PORT"],
-            user=settings["USER"],
-            dbname=settings["NAME"],
-            autocommit=True,
-        ) as killer:
-            killer.execute("SELECT pg_terminate_backend(%s)", [target])
+    killer = threading.Thread(target=kill)
+    killer.start()
+    killer.join()
 
 
-@pytest.mark.skipif(
-    "connection.vendor == 'sqlite'",
-    reason="SQLite runs in-process: there is no server connection to kill",
-)
+@pytest.mark.server
 def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(store):
     store.remember("s", "k", "before")
     killed = []

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..records import VALUE_OPS
 from .history import History, Operation, token_of
 from .state import StoredKey, StoredVersion
 
@@ -172,7 +173,7 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
     # Stored versions: each written by a call that did not fail outright.
     seen_tokens: dict[str, int] = {}
     for stored_version in stored.versions:
-        if stored_version.op not in ("write", "revert"):
+        if stored_version.op not in VALUE_OPS:
             continue
         token = token_of(stored_version.value)
         writer = writers.get(token or "")
@@ -201,7 +202,7 @@ def _check_cas(op: Operation, by_version: dict[int, StoredVersion], report: Any)
     before = by_version.get(version - 1)
     if expected > 0 and version != expected + 1:
         report("cas-violation", f"CAS expecting v{expected} was acknowledged as v{version}", op)
-    elif expected == 0 and before is not None and before.op in ("write", "revert"):
+    elif expected == 0 and before is not None and before.op in VALUE_OPS:
         report(
             "cas-violation",
             f"CAS expecting no memory landed as v{version} over live v{before.version}",
@@ -330,7 +331,7 @@ def _absent_during(by_version: dict[int, StoredVersion], floor: int, read: Opera
         stored = by_version[version]
         if stored.created_at > end:
             break
-        if stored.op in ("forget", "expire"):
+        if stored.op not in VALUE_OPS:
             return True
         if stored.expires_at is not None and stored.expires_at <= end:
             return True

@@ -27,11 +27,11 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
 from ..models import Memory
-from ..vendors import flavor
+from ..vendors import flavor, kill_connection, server_connection_id, set_lock_wait
 
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause")
@@ -144,16 +144,10 @@ class Nemesis:
             return
         if not threading.current_thread().name.startswith(WORKER_THREAD_PREFIX):
             return
-        raw = connection.connection
-        with connection.cursor() as cursor:
-            if connection.vendor == "mysql":
-                cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS}")
-                server_id = raw.thread_id()
-            elif connection.vendor == "postgresql":
-                cursor.execute(f"SET lock_timeout = '{LOCK_WAIT_SECONDS}s'")
-                server_id = raw.info.backend_pid
-            else:  # SQLite: writers keep their busy timeout; a held lock makes them wait
-                return
+        server_id = server_connection_id(connection)
+        if server_id is None:  # SQLite: writers keep their busy timeout; a held lock waits
+            return
+        set_lock_wait(connection, LOCK_WAIT_SECONDS)
         with self._ids_lock:
             self._ids[server_id] = connection
 
@@ -184,17 +178,8 @@ class Nemesis:
         for server_id in candidates:
             with self._ids_lock:
                 self._ids.pop(server_id, None)
-            with connection.cursor() as cursor:
-                if connection.vendor == "postgresql":
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [server_id])
-                    if cursor.fetchone()[0]:
-                        return True
-                else:
-                    try:
-                        cursor.execute(f"KILL CONNECTION {int(server_id)}")
-                        return True
-                    except DatabaseError:  # 1094 unknown thread id: it had closed already
-                        continue
+            if kill_connection(connection, server_id):
+                return True
         return False
 
     def _db_lock(self) -> bool:

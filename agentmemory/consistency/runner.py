@@ -23,7 +23,7 @@ from .state import cached_versions, duplicate_keys, load_state
 from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunResult:
     run_id: str
     database: str
@@ -260,17 +260,17 @@ def run_memcheck(
                 cleaner.erase_session(session_id)
         connections[database].close()
     return RunResult(
-        run_id,
-        database,
-        connections[database].display_name,
-        unsafe,
-        config,
-        history,
-        anomalies,
-        seconds,
-        dict(retries),
-        dict(store.cache.stats) if store.cache is not None else {},
-        faults,
-        dict(injected),
-        fault_errors,
+        run_id=run_id,
+        database=database,
+        vendor=connections[database].display_name,
+        unsafe=unsafe,
+        config=config,
+        history=history,
+        anomalies=anomalies,
+        seconds=seconds,
+        retries=dict(retries),
+        cache_stats=dict(store.cache.stats) if store.cache is not None else {},
+        faults=faults,
+        faults_injected=dict(injected),
+        fault_errors=fault_errors,
     )

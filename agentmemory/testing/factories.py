@@ -111,8 +111,8 @@ class MemoryVersionFactory(DjangoModelFactory):
     def _create(cls, model_class: type[MemoryVersion], *args: Any, **kwargs: Any) -> MemoryVersion:
         memory: Memory = kwargs["memory"]
         op = kwargs["op"]
-        if op not in Op.values:
-            raise ValueError(f"op must be one of {', '.join(Op.values)}, got {op!r}")
+        if op not in set(Op):
+            raise ValueError(f"op must be one of {', '.join(Op)}, got {op!r}")
         value = None if op in _STATE_AFTER else _checked_value(kwargs["value"])
         memory.version += 1
         memory.value = value
