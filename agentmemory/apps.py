@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -7,4 +9,17 @@ class AgentMemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
         from . import checks, conf  # noqa: F401  (registers checks and the settings receiver)
+
+        connection_created.connect(_connected, dispatch_uid="agentmemory.causal_reads")
+
+
+def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Every new connection: on a Galera node, reads made causal (``AGENTMEMORY["CAUSAL_READS"]``)."""
+    from .conf import get_config
+    from .vendors import make_reads_causal
+
+    if connection.vendor == "mysql" and get_config()["CAUSAL_READS"]:
+        make_reads_causal(connection)

@@ -11,7 +11,7 @@ from django.db import connections
 from .conf import DEFAULTS, RETRY_KEYS, get_config
 from .errors import InvalidMemory
 from .validation import check_ttl
-from .vendors import flavor
+from .vendors import flavor, galera_status, is_galera
 
 TIDB_MINIMUM = (6, 5)
 
@@ -200,3 +200,61 @@ def tidb_errors(alias: str, version: tuple[int, ...], txn_mode: str) -> list[Err
             )
         )
     return errors
+
+
+@register(Tags.database)
+def check_galera_nodes(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Error | Warning]:
+    """A MariaDB Galera node must replicate row images and give the store causal reads."""
+    messages: list[Error | Warning] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "mysql" or not is_galera(connection):
+            continue
+        messages.extend(
+            galera_errors(alias, galera_status(connection), get_config()["CAUSAL_READS"])
+        )
+    return messages
+
+
+def galera_errors(alias: str, status: dict[str, str], causal_reads: bool) -> list[Error | Warning]:
+    messages: list[Error | Warning] = []
+    if status["binlog_format"].upper() != "ROW":
+        messages.append(
+            Error(
+                f"Galera node {alias!r} runs binlog_format={status['binlog_format']}: Galera "
+                "certifies and applies row images only, so writes may be lost or diverge.",
+                hint="Set binlog_format=ROW in the server's configuration.",
+                id="agentmemory.E012",
+            )
+        )
+    if not causal_reads:
+        messages.append(
+            Error(
+                f"AGENTMEMORY['CAUSAL_READS'] is False and {alias!r} is a Galera node: a recall "
+                "on one node can miss a write another node acknowledged (semantic 7).",
+                hint="Remove CAUSAL_READS from AGENTMEMORY (the default, True, sets "
+                "wsrep_sync_wait on the store's connections).",
+                id="agentmemory.E013",
+            )
+        )
+    if status["innodb_autoinc_lock_mode"] != "2":
+        messages.append(
+            Warning(
+                f"Galera node {alias!r} runs innodb_autoinc_lock_mode="
+                f"{status['innodb_autoinc_lock_mode']}: concurrent first writes can deadlock.",
+                hint="Set innodb_autoinc_lock_mode=2, as Galera's documentation requires.",
+                id="agentmemory.W003",
+            )
+        )
+    if status["wsrep_local_state_comment"] != "Synced":
+        messages.append(
+            Warning(
+                f"Galera node {alias!r} is {status['wsrep_local_state_comment'] or 'not'} "
+                "Synced: it refuses or delays queries until it has caught up.",
+                hint="Wait for the node to rejoin (SHOW STATUS LIKE 'wsrep_local_state_comment').",
+                id="agentmemory.W004",
+            )
+        )
+    return messages

@@ -25,6 +25,10 @@ DEFAULTS: dict[str, Any] = {
     # acknowledges), and the longest an entry lives in Redis.
     "CACHE_FENCE_SECONDS": 1.0,
     "CACHE_MAX_ENTRY_SECONDS": 3600,
+    # On a MariaDB Galera Cluster node, make the reads of the store's connections causal
+    # (wsrep_sync_wait): a write acknowledged by another node is never missed. Turning it off
+    # breaks read-after-write across nodes (system check E013); it exists for memcheck's tests.
+    "CAUSAL_READS": True,
     # Largest encoded JSON value accepted, in bytes.
     "MAX_VALUE_BYTES": 1024 * 1024,
     # Deadlocks, serialization failures, lock timeouts and lost connections are retried

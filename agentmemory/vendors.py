@@ -211,3 +211,46 @@ def set_lock_wait(connection: Any, seconds: int) -> None:
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
         elif connection.vendor == "postgresql":
             cursor.execute(f"SET lock_timeout = '{int(seconds)}s'")
+
+
+# ---------------------------------------------------------------------- MariaDB Galera Cluster
+#: ``wsrep_sync_wait`` bit for reads (SELECT, locking SELECT included, SHOW, BEGIN): the node
+#: applies every write the cluster certified before the read, then answers.
+GALERA_SYNC_WAIT_READS = 1
+# Whether each alias's server is a Galera node (asked once per alias: a server does not change).
+_galera: dict[str, bool] = {}
+
+
+def is_galera(connection: Any) -> bool:
+    """True when the alias's server is a MariaDB Galera Cluster node (``wsrep_on=ON``)."""
+    if connection.alias not in _galera:
+        found = False
+        if connection.vendor == "mysql" and flavor(connection) != "tidb":
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+                row = cursor.fetchone()
+            found = bool(row) and str(row[1]).upper() == "ON"
+        _galera[connection.alias] = found
+    return _galera[connection.alias]
+
+
+def make_reads_causal(connection: Any) -> None:
+    """On a Galera node, make this session's reads wait until the node has applied every write
+    the cluster had certified when the read began: another node's acknowledged write is then
+    never missed (contract semantic 7). Galera certifies a transaction on every node before its
+    COMMIT returns, but the other nodes apply it a moment later."""
+    if is_galera(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET SESSION wsrep_sync_wait = {GALERA_SYNC_WAIT_READS}")
+
+
+def galera_status(connection: Any) -> dict[str, str]:
+    """The node's settings and state that the guarantees depend on (for the system checks)."""
+    names = ("binlog_format", "wsrep_sync_wait", "innodb_autoinc_lock_mode")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@binlog_format, @@wsrep_sync_wait, @@innodb_autoinc_lock_mode")
+        status = dict(zip(names, map(str, cursor.fetchone()), strict=True))
+        cursor.execute("SHOW STATUS LIKE 'wsrep_local_state_comment'")
+        row = cursor.fetchone()
+    status["wsrep_local_state_comment"] = str(row[1]) if row else ""
+    return status

@@ -76,8 +76,31 @@ def database_from_url(url: str) -> dict:
     return database
 
 
+def cluster_urls(url: str) -> list[str]:
+    """``scheme://user@host1:port1,host2:port2,.../name?options`` (the hosts of one cluster, as
+    libpq writes them) -> one URL per host, with the same user, name and options."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "," not in rest.split("/", 1)[0]:
+        return [url]
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    return [f"{scheme}://{userinfo}{at}{host}{slash}{tail}" for host in hosts.split(",") if host]
+
+
+def databases_from_url(url: str) -> dict[str, dict]:
+    """Alias ``default`` for the first host, ``node2``, ``node3``, ... for the others."""
+    urls = cluster_urls(url)
+    aliases = ["default", *(f"node{n}" for n in range(2, len(urls) + 1))]
+    databases = {alias: database_from_url(one) for alias, one in zip(aliases, urls, strict=True)}
+    for alias in aliases[1:]:
+        # One cluster, one test database: every node's tests run on the database the suite
+        # creates through default (the cluster replicates it to every node).
+        databases[alias]["TEST"] = {**databases[alias].get("TEST", {}), "MIRROR": "default"}
+    return databases
+
+
 DATABASES = {
-    "default": database_from_url(os.environ.get("DATABASE_URL") or f"sqlite:///{SQLITE_PATH}"),
+    **databases_from_url(os.environ.get("DATABASE_URL") or f"sqlite:///{SQLITE_PATH}"),
     # A second database, for the tests of a store (and the admin) on another alias than default.
     "other": database_from_url(f"sqlite:///{BASE_DIR / 'agentmemory-other.sqlite3'}"),
 }

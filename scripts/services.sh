@@ -23,13 +23,17 @@ mariadb_up() { mysqladmin --protocol=TCP -h127.0.0.1 -uroot ping; }
 if ! mariadb_up >/dev/null 2>&1; then
   command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || apt_install mariadb-server mariadb-client
   echo "services: starting MariaDB" >&2
-  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd >/dev/null 2>&1
+  if [ -x /etc/init.d/mariadb ]; then
+    as_root /etc/init.d/mariadb start >/dev/null 2>&1  # mysqld_safe, as the mysql user
+  else
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql >/dev/null 2>&1
+  fi
   wait_for mariadb mariadb_up || true
   if ! mariadb_up >/dev/null 2>&1 && as_root mysql -uroot -e "SELECT 1" >/dev/null 2>&1; then
     # A fresh Debian install authenticates root by unix socket only: allow TCP with no password.
     as_root mysql -uroot -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket; FLUSH PRIVILEGES;"
   fi
-  mariadb_up >/dev/null 2>&1 || fail MariaDB "Start it with: start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd"
+  mariadb_up >/dev/null 2>&1 || fail MariaDB "Start it with: /etc/init.d/mariadb start"
 fi
 mysql --protocol=TCP -h127.0.0.1 -uroot -e "CREATE DATABASE IF NOT EXISTS agentmemory CHARACTER SET utf8mb4" \
   || fail MariaDB "root@127.0.0.1 with an empty password must be able to create databases."
