@@ -30,8 +30,9 @@ class Transient(enum.Enum):
 MYSQL_CONFLICT_CODES = frozenset({1213, 1205, 9007, 8002, 8022, 8028})
 # 2002/2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
 # 2055 lost connection (SSL), 1053 server shutdown, 1927 connection killed (MariaDB),
-# 4031 disconnected by the server (MySQL 8).
-MYSQL_DISCONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031})
+# 4031 disconnected by the server (MySQL 8); 1047 a Galera node that is not ready (joining,
+# donor, or cut off from the primary component): reconnect and retry, as for a node that is down.
+MYSQL_DISCONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047})
 # PostgreSQL SQLSTATEs: 40001 serialization_failure, 40P01 deadlock_detected,
 # 55P03 lock_not_available (lock_timeout).
 POSTGRES_CONFLICT_STATES = frozenset({"40001", "40P01", "55P03"})

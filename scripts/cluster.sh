@@ -50,8 +50,15 @@ sql() {  # sql NODE STATEMENT: over the node's socket, as root
 }
 
 state() { sql "$1" "SHOW STATUS LIKE 'wsrep_local_state_comment'" | cut -f2; }
-pid_of() { cat "$DIR/node$1/server.pid" 2>/dev/null; }
-running() { local pid; pid=$(pid_of "$1") && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
+alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^[^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
+pid_of() {  # the server's own pid file (it may have been restarted by memcheck), else ours
+  local pid
+  for file in mysqld.pid server.pid; do
+    pid=$(cat "$DIR/node$1/$file" 2>/dev/null) && alive "$pid" && echo "$pid" && return 0
+  done
+  return 1
+}
+running() { pid_of "$1" >/dev/null; }
 
 write_config() {
   local n=$1 members="gcomm://127.0.0.1:4571,127.0.0.1:4572,127.0.0.1:4573"

@@ -15,8 +15,16 @@ remote server:
 * ``cache-pause``: ``CLIENT PAUSE`` Redis for longer than the client's socket timeout: every cache
   call in flight times out, and Redis comes back later with whatever it held.
 
-Kills are per process (each process knows its own connections); locks and pauses affect the
-whole server, so only the parent process injects them.
+On a cluster (``--database default,node2,node3``, MariaDB Galera nodes on this machine), two more:
+
+* ``node-kill``: ``kill -9`` one node's server (never the first alias's), start it again with the
+  same command line, and wait until it reports ``Synced``;
+* ``node-pause``: ``SIGSTOP`` one node's server for longer than the clients' timeouts (memcheck
+  gives its own connections a 3-second timeout on a cluster), then ``SIGCONT`` it and wait until it
+  is ``Synced``.
+
+Kills are per process (each process knows its own connections); locks, pauses and node faults
+affect the whole server, so only the parent process injects them.
 """
 
 from __future__ import annotations
@@ -27,15 +35,20 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
 from ..models import Memory
 from ..vendors import flavor, kill_connection, server_connection_id, set_lock_wait
+from .nodes import NodeUnavailable, kill_and_restart, local_node, pause
 
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause")
+NODE_FAULTS = ("node-kill", "node-pause")
 FAULTS = {"none": (), "db": DB_FAULTS, "cache": CACHE_FAULTS, "all": DB_FAULTS + CACHE_FAULTS}
+#: Seconds a paused node stays stopped, and the timeout memcheck's clients get on a cluster.
+NODE_PAUSE_SECONDS = 5.0
+CLIENT_TIMEOUT_SECONDS = 3
 #: The faults one process can inject on its own connections; the others affect the whole server.
 LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
 #: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
@@ -51,10 +64,19 @@ class FaultsUnavailable(Exception):
     """The requested faults cannot run against this configuration (the reason is the message)."""
 
 
-def fault_kinds(mode: str, database: str, cache: Any) -> tuple[str, ...]:
+def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ()) -> tuple[str, ...]:
     """The faults ``--faults mode`` injects here; raises :class:`FaultsUnavailable` for a server
-    that is not on this machine, or for cache faults without a cache tier."""
+    that is not on this machine, or for cache faults without a cache tier. ``nodes``: the other
+    aliases of a cluster run; with ``db`` or ``all`` their servers are faulted too."""
     kinds = FAULTS[mode]
+    nodes = list(nodes)
+    if nodes and mode in ("db", "all"):
+        for alias in nodes:
+            try:
+                local_node(alias)
+            except NodeUnavailable as exc:
+                raise FaultsUnavailable(f"--faults {mode} on a cluster: {exc}") from None
+        kinds = kinds + NODE_FAULTS
     connection = connections[database]
     if any(k.startswith("db-") for k in kinds) and connection.vendor != "sqlite":
         host = str(connection.settings_dict.get("HOST") or "")
@@ -93,15 +115,19 @@ class Nemesis:
         sessions: list[str],
         seed: int = 0,
         interval: float = 1.0,
+        nodes: Iterable[str] = (),
     ) -> None:
         self.database, self.cache, self.sessions = database, cache, sessions
+        #: The cluster's other aliases, whose servers the node faults take turns on.
+        self.nodes = list(nodes)
         self.kinds = tuple(kinds)
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
         self._rng = random.Random(f"nemesis-{seed}")
         self._interval = interval
         self._vendor = flavor(connections[database])
-        self._ids: dict[int, Any] = {}  # server-side id -> the worker's connection wrapper
+        # (alias, server-side id) -> the worker's connection wrapper
+        self._ids: dict[tuple[str, int], Any] = {}
         self._ids_lock = threading.Lock()
         self._stop = threading.Event()
         self._admin: Any = None
@@ -140,7 +166,7 @@ class Nemesis:
     def _connected(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """Every new connection of a workload client: remember its server-side id and give it a
         short lock wait, so a held lock produces timeouts rather than a stall."""
-        if connection.alias != self.database:
+        if connection.alias != self.database and connection.alias not in self.nodes:
             return
         if not threading.current_thread().name.startswith(WORKER_THREAD_PREFIX):
             return
@@ -149,7 +175,7 @@ class Nemesis:
             return
         set_lock_wait(connection, LOCK_WAIT_SECONDS)
         with self._ids_lock:
-            self._ids[server_id] = connection
+            self._ids[(connection.alias, server_id)] = connection
 
     # ------------------------------------------------------------------ schedule
 
@@ -174,12 +200,15 @@ class Nemesis:
         with self._ids_lock:
             candidates = list(self._ids)
         self._rng.shuffle(candidates)
-        connection = connections[self.database]
-        for server_id in candidates:
+        for alias, server_id in candidates:
             with self._ids_lock:
-                self._ids.pop(server_id, None)
-            if kill_connection(connection, server_id):
-                return True
+                self._ids.pop((alias, server_id), None)
+            try:
+                # Killed from the same node: a connection id means something on its own server.
+                if kill_connection(connections[alias], server_id):
+                    return True
+            except DatabaseError:  # that node is down or paused (a node fault): try another
+                connections[alias].close()
         return False
 
     def _db_lock(self) -> bool:
@@ -214,6 +243,16 @@ class Nemesis:
                 continue
             killed += int(admin.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}") or 0)
         return killed > 0
+
+    def _node_kill(self) -> bool:
+        node = local_node(self._rng.choice(self.nodes))
+        kill_and_restart(node)
+        return True
+
+    def _node_pause(self) -> bool:
+        node = local_node(self._rng.choice(self.nodes))
+        pause(node, NODE_PAUSE_SECONDS)
+        return True
 
     def _cache_pause(self) -> bool:
         self._redis_admin().execute_command("CLIENT", "PAUSE", int(PAUSE_SECONDS * 1000), "ALL")

@@ -34,6 +34,7 @@ class Operation:
     expires_at: float | None = None  # of the record written or read
     error: str | None = None
     source: str | None = None  # of a read: "cache" or "database"
+    node: str | None = None  # the database alias the client was pinned to
 
     @property
     def is_write(self) -> bool:

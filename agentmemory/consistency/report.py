@@ -40,6 +40,19 @@ def render_text(result: RunResult) -> str:
             f"  {kind:<10} {counts['ok']:>7} {counts['fail']:>7} {counts['info']:>7} "
             + " ".join(f"{lat.get(q, 0):>8.1f}" for q in ("p50", "p95", "p99", "max"))
         )
+    nodes = result.nodes
+    if len(nodes) > 1:
+        lines += [
+            "",
+            f"  {'node':<10} {'ok':>7} {'fail':>7} {'info':>7} {'p50 ms':>8} {'p95 ms':>8} "
+            f"{'p99 ms':>8} {'max ms':>8}",
+        ]
+        for node, entry in nodes.items():
+            lat = entry["latency_ms"]
+            lines.append(
+                f"  {node:<10} {entry['ok']:>7} {entry['fail']:>7} {entry['info']:>7} "
+                + " ".join(f"{lat.get(q, 0):>8.1f}" for q in ("p50", "p95", "p99", "max"))
+            )
     for error in result.fault_errors[:5]:
         lines.append(f"  fault not injected: {error}")
     found = Counter(a.check for a in result.anomalies)

@@ -8,7 +8,9 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
@@ -17,8 +19,16 @@ from django.db import connections
 from ..store import MemoryStore
 from .bootstrap import setup_process
 from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
-from .faults import LOCAL_FAULTS, FaultsUnavailable, Nemesis, fault_kinds
+from .faults import (
+    CLIENT_TIMEOUT_SECONDS,
+    LOCAL_FAULTS,
+    NODE_FAULTS,
+    FaultsUnavailable,
+    Nemesis,
+    fault_kinds,
+)
 from .history import History, Operation
+from .nodes import client_timeouts
 from .state import cached_versions, duplicate_keys, load_state
 from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
 
@@ -49,6 +59,23 @@ class RunResult:
         return {kind: percentiles(values) for kind, values in sorted(spans.items())}
 
     @property
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Per node (database alias) of a cluster run: its operations by status, and the
+        milliseconds per completed operation (p50/p95/p99/max over every kind)."""
+        by_node: dict[str, dict[str, Any]] = {}
+        spans: dict[str, list[float]] = {}
+        for op in self.history.operations:
+            if op.node is None:
+                continue
+            entry = by_node.setdefault(op.node, {"ok": 0, "fail": 0, "info": 0})
+            entry[op.status or "info"] = entry.get(op.status or "info", 0) + 1
+            if op.completed_at is not None and op.client != "final":
+                spans.setdefault(op.node, []).append((op.completed_at - op.invoked_at) * 1000)
+        for node, entry in by_node.items():
+            entry["latency_ms"] = percentiles(spans.get(node, [0.0]))
+        return dict(sorted(by_node.items()))
+
+    @property
     def counts(self) -> dict[str, Counter[str]]:
         counts: dict[str, Counter[str]] = {}
         for op in self.history.operations:
@@ -69,6 +96,7 @@ class RunResult:
             else None,
             "counts": {kind: dict(c) for kind, c in sorted(self.counts.items())},
             "latency_ms": self.latencies,
+            "nodes": self.nodes,
             "retries": self.retries,
             "cache": self.cache_stats,
             "faults": {
@@ -105,6 +133,7 @@ def _process_main(
     index: int,
     kinds: tuple[str, ...],
 ) -> tuple[list[dict], dict, dict, list[str]]:
+    """One ``--processes`` process: its workers all on ``database`` (its node)."""
     store = make_store(database, unsafe)
     local = [kind for kind in kinds if kind in LOCAL_FAULTS]
     sessions = session_ids(run_id, config)
@@ -185,7 +214,7 @@ class Progress:
 
 
 def run_memcheck(
-    database: str,
+    databases: str | Sequence[str],
     config: WorkloadConfig,
     *,
     processes: int = 0,
@@ -194,61 +223,58 @@ def run_memcheck(
     faults: str = "none",
     progress: Progress | None = None,
 ) -> RunResult:
-    """Run the workload in throw-away sessions (under ``faults``), heal, read every key once more,
-    check the history against the database and Redis, and remove the sessions (unless ``keep``).
+    """Run the workload in throw-away sessions (under ``faults``), heal, read every key once more
+    on every node, check the history against the database and Redis, and remove the sessions
+    (unless ``keep``).
 
-    Raises :class:`FaultsUnavailable` when ``faults`` cannot run against this configuration."""
+    ``databases``: one alias, or the aliases of one cluster's nodes -- the clients are spread
+    over them (thread ``i``, or process ``i``, pinned to node ``i % len(databases)``), and the
+    state is read through the first. Raises :class:`FaultsUnavailable` when ``faults`` cannot
+    run against this configuration."""
+    aliases = [databases] if isinstance(databases, str) else list(databases)
+    database, others = aliases[0], aliases[1:]
     run_id = new_run_id()
-    store = make_store(database, unsafe)
+    stores = [make_store(alias, unsafe) for alias in aliases]
+    store = stores[0]
     if unsafe and faults in ("cache", "all"):
         raise FaultsUnavailable("--unsafe runs without the cache tier: use --faults db or none")
-    kinds = fault_kinds(faults, database, store.cache)
+    kinds = fault_kinds(faults, database, store.cache, others)
     sessions = session_ids(run_id, config)
     started = time.monotonic()
     retries: Counter[str] = Counter()
     injected: Counter[str] = Counter()
     fault_errors: list[str] = []
+    # On a cluster under node faults, a client of a stopped node gives up after a few seconds
+    # (and the store retries) instead of waiting for the node forever.
+    timeouts = (
+        client_timeouts(aliases, CLIENT_TIMEOUT_SECONDS)
+        if set(kinds) & set(NODE_FAULTS)
+        else nullcontext()
+    )
     try:
-        if processes:
-            history = History(run_id)
-            per_process = WorkloadConfig(
-                **{**asdict(config), "ops": (config.ops // processes) if config.ops else None}
-            )
-            context = multiprocessing.get_context("spawn")
-            shared = [kind for kind in kinds if kind not in LOCAL_FAULTS]
-            with (
-                Nemesis(
-                    database, store.cache, shared, sessions=sessions, seed=config.seed
-                ) as nemesis,
-                ProcessPoolExecutor(
-                    processes,
-                    mp_context=context,
-                    initializer=setup_process,
-                    initargs=(database, connections[database].settings_dict["NAME"]),
-                ) as pool,
-            ):
-                futures = [
-                    pool.submit(_process_main, database, unsafe, run_id, per_process, i, kinds)
-                    for i in range(processes)
-                ]
-                results = [future.result() for future in futures]
-            for ops, counts, their_faults, their_errors in results:
-                history.extend([Operation(**op) for op in ops])
-                retries.update(counts)
-                injected.update(their_faults)
-                fault_errors += their_errors
-        else:
+        with timeouts:
+            shared = [k for k in kinds if not processes or k not in LOCAL_FAULTS]
             with Nemesis(
-                database, store.cache, kinds, sessions=sessions, seed=config.seed
+                database, store.cache, shared, sessions=sessions, seed=config.seed, nodes=others
             ) as nemesis:
-                history = run_workload(
-                    store, run_id, config, progress=progress.tick if progress else None
-                )
-        injected.update(nemesis.counts)
-        fault_errors += nemesis.errors
-        seconds = time.monotonic() - started
-        final_reads(store, run_id, config, history)
-        retries.update(store.retries)
+                if processes:
+                    results = _run_processes(aliases, unsafe, run_id, config, processes, kinds)
+                    history = History(run_id)
+                    for ops, counts, their_faults, their_errors in results:
+                        history.extend([Operation(**op) for op in ops])
+                        retries.update(counts)
+                        injected.update(their_faults)
+                        fault_errors += their_errors
+                else:
+                    history = run_workload(
+                        stores, run_id, config, progress=progress.tick if progress else None
+                    )
+            injected.update(nemesis.counts)
+            fault_errors += nemesis.errors
+            seconds = time.monotonic() - started
+            final_reads(stores, run_id, config, history)
+        for one in stores:
+            retries.update(one.retries)
         state = load_state(database, sessions)
         anomalies = duplicate_rows(duplicate_keys(database, sessions))
         anomalies += check_history(history, state)
@@ -258,10 +284,11 @@ def run_memcheck(
             cleaner = MemoryStore(using=database)
             for session_id in sessions:
                 cleaner.erase_session(session_id)
-        connections[database].close()
+        for alias in aliases:
+            connections[alias].close()
     return RunResult(
         run_id=run_id,
-        database=database,
+        database=",".join(aliases),
         vendor=connections[database].display_name,
         unsafe=unsafe,
         config=config,
@@ -274,3 +301,39 @@ def run_memcheck(
         faults_injected=dict(injected),
         fault_errors=fault_errors,
     )
+
+
+def _run_processes(
+    aliases: list[str],
+    unsafe: bool,
+    run_id: str,
+    config: WorkloadConfig,
+    processes: int,
+    kinds: tuple[str, ...],
+) -> list[tuple[list[dict], dict, dict, list[str]]]:
+    """``processes`` spawned processes, process ``i`` pinned to ``aliases[i % len(aliases)]``."""
+    per_process = WorkloadConfig(
+        **{**asdict(config), "ops": (config.ops // processes) if config.ops else None}
+    )
+    context = multiprocessing.get_context("spawn")
+    futures = []
+    pools = []
+    try:
+        for i in range(processes):
+            alias = aliases[i % len(aliases)]
+            pool = ProcessPoolExecutor(
+                1,
+                mp_context=context,
+                initializer=setup_process,
+                initargs=(
+                    alias,
+                    connections[alias].settings_dict["NAME"],
+                    dict(connections[alias].settings_dict.get("OPTIONS", {})),
+                ),
+            )
+            pools.append(pool)
+            futures.append(pool.submit(_process_main, alias, unsafe, run_id, per_process, i, kinds))
+        return [future.result() for future in futures]
+    finally:
+        for pool in pools:
+            pool.shutdown()

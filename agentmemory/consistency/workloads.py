@@ -9,6 +9,10 @@ Five workloads, all on by default (``WorkloadConfig.workloads``):
 - ``idempotent``: a register write sent twice with one idempotency key, as after a timeout.
 
 Every value written embeds its op id, session and key, so every read maps to one write.
+
+On a cluster (several stores, one per node) each client is pinned to one node, and every write it
+gets acknowledged is followed at once by a read of that key on the next node -- a request served
+by one application server, the next one by another: read-after-write across nodes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +101,7 @@ class _Budget:
 
 def _client(
     store: MemoryStore,
+    peer: MemoryStore | None,
     run_id: str,
     name: str,
     config: WorkloadConfig,
@@ -117,7 +122,14 @@ def _client(
             session_id = rng.choice(sessions)
             family = rng.choices(families, weights=weights)[0]
             key = f"{family}-{rng.randrange(config.keys)}"
-            out.append(_one_op(store, rng, op_id, name, session_id, family, key, config))
+            op = _one_op(store, rng, op_id, name, session_id, family, key, config)
+            out.append(op)
+            if peer is not None and op.is_write and op.status == "ok":
+                out.append(
+                    _one_op(
+                        peer, rng, f"{op_id}-next", name, session_id, family, key, config, "recall"
+                    )
+                )
             if progress:
                 progress()
     finally:
@@ -149,7 +161,7 @@ def _one_op(
             kind = "forget"
         elif kind == "retry" and "idempotent" not in config.workloads:
             kind = "remember"
-    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0)
+    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
     if kind != "recall" and kind != "forget":
         op.value = token
     call: Callable[[], Any]
@@ -213,14 +225,17 @@ def _one_op(
 
 
 def run_workload(
-    store: MemoryStore,
+    stores: MemoryStore | Sequence[MemoryStore],
     run_id: str,
     config: WorkloadConfig,
     *,
     client_prefix: str = "t",
     progress: Callable[[], None] | None = None,
 ) -> History:
-    """Run ``config.workers`` threads against ``store``; every thread has its own connection."""
+    """Run ``config.workers`` threads; every thread has its own connection, and thread ``i`` is
+    pinned to ``stores[i % len(stores)]`` (one store per node of a cluster)."""
+    if isinstance(stores, MemoryStore):
+        stores = [stores]
     budget = _Budget(config.ops, config.seconds)
     outputs: list[list[Operation]] = [[] for _ in range(config.workers)]
     start = threading.Barrier(config.workers)
@@ -228,7 +243,8 @@ def run_workload(
         threading.Thread(
             target=_client,
             args=(
-                store,
+                stores[i % len(stores)],
+                stores[(i + 1) % len(stores)] if len(stores) > 1 else None,
                 run_id,
                 f"{client_prefix}{i}",
                 config,
@@ -252,23 +268,33 @@ def run_workload(
     return history
 
 
-def final_reads(store: MemoryStore, run_id: str, config: WorkloadConfig, history: History) -> None:
-    """Once the workload and the faults have stopped: read every key of every session, twice
-    (the first pass lets the cache tier replay what an outage left pending), and record the reads
-    in ``history`` -- after healing, every read must see the last acknowledged write."""
-    if store.cache is not None:
-        deadline = time.monotonic() + 2 * store.cache.fence_seconds
-        while not store.cache.available and time.monotonic() < deadline:
-            time.sleep(0.05)
+def final_reads(
+    stores: MemoryStore | Sequence[MemoryStore],
+    run_id: str,
+    config: WorkloadConfig,
+    history: History,
+) -> None:
+    """Once the workload and the faults have stopped: read every key of every session on every
+    node, twice (the first pass lets the cache tier replay what an outage left pending), and
+    record the reads in ``history`` -- after healing, every read on every node must see the last
+    acknowledged write."""
+    if isinstance(stores, MemoryStore):
+        stores = [stores]
+    for store in stores:
+        if store.cache is not None:
+            deadline = time.monotonic() + 2 * store.cache.fence_seconds
+            while not store.cache.available and time.monotonic() < deadline:
+                time.sleep(0.05)
     families, _ = config.families
     rng = random.Random(0)
     for round_ in (1, 2):
-        for index, session_id in enumerate(session_ids(run_id, config)):
-            for family in families:
-                for n in range(config.keys):
-                    key = f"{family}-{n}"
-                    op_id = f"final{round_}-{index}-{key}"
-                    op = _one_op(
-                        store, rng, op_id, "final", session_id, family, key, config, "recall"
-                    )
-                    history.extend([op])
+        for store in stores:
+            for index, session_id in enumerate(session_ids(run_id, config)):
+                for family in families:
+                    for n in range(config.keys):
+                        key = f"{family}-{n}"
+                        op_id = f"final{round_}-{store.using}-{index}-{key}"
+                        op = _one_op(
+                            store, rng, op_id, "final", session_id, family, key, config, "recall"
+                        )
+                        history.extend([op])

@@ -46,7 +46,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
+            "--database",
+            default=None,
+            help="database alias (default: AGENTMEMORY['DATABASE']), or the aliases of one "
+            "cluster's nodes, comma-separated (default,node2,node3): the clients are spread over "
+            "them, each pinned to one node",
         )
         parser.add_argument(
             "--workers", type=positive, default=8, help="client threads (per process)"
@@ -104,9 +108,20 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        database = options["database"] or get_config()["DATABASE"]
-        if database not in connections.settings:
-            raise CommandError(f"unknown database alias {database!r}", returncode=2)
+        aliases = [a.strip() for a in (options["database"] or get_config()["DATABASE"]).split(",")]
+        for alias in aliases:
+            if alias not in connections.settings:
+                raise CommandError(f"unknown database alias {alias!r}", returncode=2)
+        if len(set(aliases)) != len(aliases) or not all(aliases):
+            raise CommandError(f"--database lists an alias twice or empty: {aliases}", returncode=2)
+        for alias in aliases:
+            self._check_ready(alias)
+        database = aliases[0]
+        if options["audit"]:
+            return self._audit(database, options["format"], options["grace"])
+        self._run(aliases, options)
+
+    def _check_ready(self, database: str) -> None:
         try:
             executor = MigrationExecutor(connections[database])
             unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes("agentmemory"))
@@ -124,8 +139,9 @@ class Command(BaseCommand):
                 f"`manage.py migrate --database {database}`?",
                 returncode=2,
             ) from exc
-        if options["audit"]:
-            return self._audit(database, options["format"], options["grace"])
+
+    def _run(self, aliases: list[str], options: dict[str, Any]) -> None:
+        database = ",".join(aliases)
         # Without a budget: 2,000 operations; under faults 10 seconds, so that every kind of
         # fault is injected several times (2,000 operations take about two seconds).
         default_ops, default_seconds = (2000, None) if options["faults"] == "none" else (None, 10.0)
@@ -140,7 +156,7 @@ class Command(BaseCommand):
         try:
             with Progress(config.ops, config.seconds, stream=self.stderr._out) as progress:
                 result = run_memcheck(
-                    database,
+                    aliases,
                     config,
                     processes=options["processes"],
                     unsafe=options["unsafe"],
