@@ -292,16 +292,23 @@ class MemoryCache:
 
     # ------------------------------------------------------------------ writes
 
-    def written(self, session_id: str, changes: dict[str, tuple[MemoryRecord | None, int]]) -> None:
-        """After a commit: store each key's new version. If Redis cannot take them, record
-        them in the database and wait out the fence before the write is acknowledged."""
+    def written(
+        self, session_id: str, changes: dict[str, tuple[MemoryRecord | None, int] | None]
+    ) -> None:
+        """After a commit: store each key's new version. A change of None means the version is
+        not known here (an earlier attempt committed it and its acknowledgement was lost): the
+        entry is dropped, so the next reader misses. If Redis cannot take them, record the keys
+        in the database and wait out the fence before the write is acknowledged."""
         failed = [
             key
-            for key, (record, version) in sorted(changes.items())
-            if not self._put(session_id, key, record, version, "")
+            for key, change in sorted(changes.items())
+            if change is not None and not self._put(session_id, key, *change, "")
         ]
+        unknown = sorted(key for key, change in changes.items() if change is None)
+        if unknown and not (self.available and self._drop([(session_id, k) for k in unknown])):
+            failed += unknown
         if failed:
-            self._record_pending(session_id, failed)
+            self._record_pending(session_id, sorted(failed))
 
     def erased(self, session_id: str, keys: Iterable[str]) -> None:
         keys = sorted(keys)

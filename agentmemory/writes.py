@@ -80,7 +80,7 @@ class WritePath:
 
         def attempt(retry: bool) -> dict[str, Any]:
             now = clock.now()
-            updates: dict[str, tuple[MemoryRecord | None, int]] = {}
+            updates: dict[str, tuple[MemoryRecord | None, int] | None] = {}
             results = {}
             for key in sorted(changes):
                 basis = observed[key] if observed is not None else _LOCKED
@@ -106,7 +106,7 @@ class WritePath:
         change: Change,
         now: datetime,
         retry: bool,
-        updates: dict[str, tuple[MemoryRecord | None, int]],
+        updates: dict[str, tuple[MemoryRecord | None, int] | None],
         basis: Any,
     ) -> Any:
         """Inside the transaction: lock the row, check, append one version, update the row.
@@ -123,6 +123,11 @@ class WritePath:
         if retry or change.caller_request_id:
             done = self._find_request(row, change.request_id)
             if done is not None:
+                if retry:
+                    # An earlier attempt committed, and its cache update died with the lost
+                    # acknowledgement: drop the entry after this commit, or readers keep the
+                    # version before it.
+                    updates[key] = None
                 return done
         if row.state == MemoryState.LIVE and not is_live(row.state, row.expires_at, now):
             # Expiry is a version too: record it before anything else happens to the key.

@@ -88,7 +88,7 @@ wsrep_cluster_name=agentmemory-test
 wsrep_cluster_address=$members
 wsrep_node_name=node$n
 wsrep_node_address=127.0.0.1:$((4570 + n))
-wsrep_provider_options="base_port=$((4570 + n));ist.recv_addr=127.0.0.1:$((4580 + n));gcache.size=64M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S"
+wsrep_provider_options="base_port=$((4570 + n));ist.recv_addr=127.0.0.1:$((4580 + n));gcache.size=128M"
 wsrep_sst_method=rsync
 wsrep_sst_receive_address=127.0.0.1:$((4590 + n))
 wsrep_slave_threads=2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole suite, on every backend: SQLite (embedded), MariaDB and PostgreSQL.
+# The whole suite, on every backend: SQLite (embedded), MariaDB, PostgreSQL, and a 3-node MariaDB
+# Galera cluster on this machine (scripts/cluster.sh; its own cross-node tests run there too).
 # Installs what it needs (scripts/bootstrap.sh), starts the servers if they are down
 # (scripts/services.sh), then lints, checks migrations, and runs pytest once per backend.
 # A backend that cannot be reached fails the run; nothing is skipped.
@@ -20,13 +21,21 @@ declare -A URLS=(
   [sqlite]="sqlite:///$PWD/agentmemory.sqlite3"
   [mariadb]="mysql://root@127.0.0.1:3306/agentmemory"
   [postgres]="postgres://postgres@127.0.0.1:5432/agentmemory"
+  [galera]="$(bash scripts/cluster.sh url)"
 )
-BACKENDS=${BACKENDS:-"sqlite mariadb postgres"}
+BACKENDS=${BACKENDS:-"sqlite mariadb postgres galera"}
 status=0
 summary=()
 total_passed=0
 total_failed=0
 for backend in $BACKENDS; do
+  if [ -z "${URLS[$backend]:-}" ]; then
+    echo "unknown backend $backend (known: ${!URLS[*]})"; status=1; summary+=("$backend: unknown"); continue
+  fi
+  if [ "$backend" = galera ] && ! bash scripts/cluster.sh start; then
+    status=1; summary+=("galera: FAILED: the local Galera cluster (scripts/cluster.sh) could not start")
+    continue
+  fi
   echo "== pytest on $backend (${URLS[$backend]})"
   log=$(mktemp)
   # Redis database 15 is the suite's own: the cache tests clear it.

@@ -29,17 +29,20 @@ def redis_alias() -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``server`` act on a server connection (kill it server-side): they do not
-    apply to SQLite, which runs in-process, and are deselected there -- never skipped on a
-    server backend."""
+    """Tests that do not apply to this backend are deselected (never skipped on one where they
+    apply): ``server`` tests act on a server connection (SQLite runs in-process); ``cluster``
+    tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL)."""
     from django.conf import settings
 
-    if not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-        return
-    server_only = [item for item in items if item.get_closest_marker("server")]
-    if server_only:
-        config.hook.pytest_deselected(items=server_only)
-        items[:] = [item for item in items if not item.get_closest_marker("server")]
+    not_here = set()
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        not_here.add("server")
+    if "node2" not in settings.DATABASES:
+        not_here.add("cluster")
+    deselected = [i for i in items if any(i.get_closest_marker(m) for m in not_here)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [i for i in items if i not in deselected]
 
 
 @pytest.fixture(autouse=True)

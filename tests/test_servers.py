@@ -10,9 +10,11 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
+from agentmemory import MemoryStore
 from agentmemory.models import Memory, MemoryVersion
 from agentmemory.vendors import kill_connection, server_connection_id
 
+from .conftest import redis_alias
 from .helpers import inject_errors
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,6 +134,31 @@ def test_lost_commit_acknowledgement_is_not_written_twice(store, monkeypatch):
     monkeypatch.undo()
     assert lost and record.version == 2
     assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "before"), (2, "after")]
+
+
+def test_a_lost_commit_acknowledgement_leaves_no_stale_cache_entry(monkeypatch):
+    """The first attempt committed v2, but its after-commit cache update died with the lost
+    acknowledgement: the retry must not leave Redis serving v1 (found by memcheck's db-kill on a
+    Galera cluster)."""
+    cached = MemoryStore(cache=redis_alias())
+    cached.remember("s", "k", "before")
+    cached.recall("s", "k")
+    assert cached.recall("s", "k").version == 1 and cached.last_read_source == "cache"
+    real_commit = connection.commit
+    lost = []
+
+    def commit_then_lose_the_answer():
+        real_commit()
+        if not lost:
+            lost.append(True)
+            with connection.wrap_database_errors:
+                raise lost_connection_error()
+
+    monkeypatch.setattr(connection, "commit", commit_then_lose_the_answer)
+    record = cached.remember("s", "k", "after")
+    monkeypatch.undo()
+    assert lost and record.version == 2
+    assert (cached.recall("s", "k").version, cached.recall("s", "k").value) == (2, "after")
 
 
 def lost_connection_error() -> BaseException:

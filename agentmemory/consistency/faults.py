@@ -20,8 +20,11 @@ On a cluster (``--database default,node2,node3``, MariaDB Galera nodes on this m
 * ``node-kill``: ``kill -9`` one node's server (never the first alias's), start it again with the
   same command line, and wait until it reports ``Synced``;
 * ``node-pause``: ``SIGSTOP`` one node's server for longer than the clients' timeouts (memcheck
-  gives its own connections a 3-second timeout on a cluster), then ``SIGCONT`` it and wait until it
-  is ``Synced``.
+  gives its own connections a 2-second timeout on a cluster) but shorter than Galera's suspect
+  timeout, then ``SIGCONT`` it.
+
+After each node fault the nemesis waits until every node reports ``Synced`` in a cluster of
+all of them before it goes on.
 
 Kills are per process (each process knows its own connections); locks, pauses and node faults
 affect the whole server, so only the parent process injects them.
@@ -39,16 +42,25 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
 from ..models import Memory
-from ..vendors import flavor, kill_connection, server_connection_id, set_lock_wait
-from .nodes import NodeUnavailable, kill_and_restart, local_node, pause
+from ..vendors import (
+    Transient,
+    classify,
+    flavor,
+    kill_connection,
+    server_connection_id,
+    set_lock_wait,
+)
+from .nodes import NodeUnavailable, kill_and_restart, local_node, pause, wait_cluster_synced
 
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause")
 NODE_FAULTS = ("node-kill", "node-pause")
 FAULTS = {"none": (), "db": DB_FAULTS, "cache": CACHE_FAULTS, "all": DB_FAULTS + CACHE_FAULTS}
 #: Seconds a paused node stays stopped, and the timeout memcheck's clients get on a cluster.
-NODE_PAUSE_SECONDS = 5.0
-CLIENT_TIMEOUT_SECONDS = 3
+# The pause stays under Galera's default evs.suspect_timeout (5 s): the node stalls the cluster
+# as a long GC pause would, without being evicted.
+NODE_PAUSE_SECONDS = 4.0
+CLIENT_TIMEOUT_SECONDS = 2
 #: The faults one process can inject on its own connections; the others affect the whole server.
 LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
 #: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
@@ -130,6 +142,10 @@ class Nemesis:
         self._ids: dict[tuple[str, int], Any] = {}
         self._ids_lock = threading.Lock()
         self._stop = threading.Event()
+        #: Set once every kind was injected (or tried) once: a timed run lasts at least that long.
+        self.round_done = threading.Event()
+        if not self.kinds:
+            self.round_done.set()
         self._admin: Any = None
         self._thread = threading.Thread(target=self._loop, name="memcheck-nemesis", daemon=True)
 
@@ -191,6 +207,8 @@ class Nemesis:
                         self.counts[kind] += 1
                 except Exception as exc:  # reported; the run goes on
                     self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+                if not order:
+                    self.round_done.set()
         finally:
             connections.close_all()
 
@@ -212,6 +230,16 @@ class Nemesis:
         return False
 
     def _db_lock(self) -> bool:
+        try:
+            return self._hold_locks()
+        except DatabaseError as exc:
+            # On a Galera cluster a replicated write aborts the local lock holder (1213): the
+            # lock was held until then, as the cluster allows.
+            if classify(exc) is Transient.CONFLICT:
+                return True
+            raise
+
+    def _hold_locks(self) -> bool:
         connection = connections[self.database]
         with transaction.atomic(using=self.database):
             if connection.vendor == "sqlite":
@@ -247,11 +275,13 @@ class Nemesis:
     def _node_kill(self) -> bool:
         node = local_node(self._rng.choice(self.nodes))
         kill_and_restart(node)
+        wait_cluster_synced([self.database, *self.nodes])
         return True
 
     def _node_pause(self) -> bool:
         node = local_node(self._rng.choice(self.nodes))
         pause(node, NODE_PAUSE_SECONDS)
+        wait_cluster_synced([self.database, *self.nodes])
         return True
 
     def _cache_pause(self) -> bool:

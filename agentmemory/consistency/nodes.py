@@ -101,8 +101,11 @@ def pause(node: LocalNode, seconds: float, stop: Any = None) -> None:
     wait_synced(node.alias)
 
 
-def wait_synced(alias: str, *, timeout: float = SYNC_TIMEOUT_SECONDS) -> None:
-    """Poll the node, over a connection of its own, until it reports ``Synced`` and ready."""
+def wait_synced(
+    alias: str, *, timeout: float = SYNC_TIMEOUT_SECONDS, size: int | None = None
+) -> None:
+    """Poll the node, over a connection of its own, until it reports ``Synced`` and ready (and,
+    with ``size``, a cluster of that many nodes)."""
     import MySQLdb
 
     settings = connections[alias].settings_dict
@@ -121,7 +124,7 @@ def wait_synced(alias: str, *, timeout: float = SYNC_TIMEOUT_SECONDS) -> None:
                 cursor = link.cursor()
                 cursor.execute(
                     "SHOW STATUS WHERE Variable_name IN "
-                    "('wsrep_local_state_comment', 'wsrep_ready')"
+                    "('wsrep_local_state_comment', 'wsrep_ready', 'wsrep_cluster_size')"
                 )
                 status = dict(cursor.fetchall())
             finally:
@@ -136,6 +139,13 @@ def wait_synced(alias: str, *, timeout: float = SYNC_TIMEOUT_SECONDS) -> None:
             last = str(exc)
         time.sleep(0.25)
     raise NodeUnavailable(f"{alias!r} was not Synced again within {timeout:.0f} s ({last})")
+
+
+def wait_cluster_synced(aliases: list[str], *, timeout: float = SYNC_TIMEOUT_SECONDS) -> None:
+    """Until every node is Synced and sees a cluster of all of them."""
+    deadline = time.monotonic() + timeout
+    for alias in aliases:
+        wait_synced(alias, timeout=max(1.0, deadline - time.monotonic()), size=len(aliases))
 
 
 @contextmanager

@@ -267,7 +267,11 @@ def run_memcheck(
                         fault_errors += their_errors
                 else:
                     history = run_workload(
-                        stores, run_id, config, progress=progress.tick if progress else None
+                        stores,
+                        run_id,
+                        config,
+                        progress=progress.tick if progress else None,
+                        until=nemesis.round_done,
                     )
             injected.update(nemesis.counts)
             fault_errors += nemesis.errors

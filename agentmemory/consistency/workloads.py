@@ -86,15 +86,21 @@ def _stamp() -> float:
 
 
 class _Budget:
-    """Shared op counter and deadline for the workers of one process."""
+    """Shared op counter and deadline for the workers of one process. A timed run goes on past
+    its deadline until ``until`` is set (the nemesis's first round of faults, so that every kind
+    is injected at least once)."""
 
-    def __init__(self, ops: int | None, seconds: float | None) -> None:
+    def __init__(
+        self, ops: int | None, seconds: float | None, until: threading.Event | None = None
+    ) -> None:
         self._left = itertools.count()
         self.ops = ops
         self.deadline = time.monotonic() + seconds if seconds else None
+        self.until = until
 
     def take(self) -> bool:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        past = self.deadline is not None and time.monotonic() >= self.deadline
+        if past and (self.until is None or self.until.is_set()):
             return False
         return self.ops is None or next(self._left) < self.ops
 
@@ -231,12 +237,13 @@ def run_workload(
     *,
     client_prefix: str = "t",
     progress: Callable[[], None] | None = None,
+    until: threading.Event | None = None,
 ) -> History:
     """Run ``config.workers`` threads; every thread has its own connection, and thread ``i`` is
     pinned to ``stores[i % len(stores)]`` (one store per node of a cluster)."""
     if isinstance(stores, MemoryStore):
         stores = [stores]
-    budget = _Budget(config.ops, config.seconds)
+    budget = _Budget(config.ops, config.seconds, until)
     outputs: list[list[Operation]] = [[] for _ in range(config.workers)]
     start = threading.Barrier(config.workers)
     threads = [

@@ -1,0 +1,234 @@
+"""Past one server: the guarantees across the nodes of a MariaDB Galera cluster (aliases default,
+node2, node3 -- ``scripts/cluster.sh`` starts one on this machine, ``make test`` runs this module on
+it). Lost updates and compare-and-set across nodes, read-after-write on every node (made
+deterministic by holding a node's applier with ``FLUSH TABLES WITH READ LOCK``), a node killed
+mid-run, and memcheck across the nodes with node faults."""
+
+from __future__ import annotations
+
+import json
+import threading
+from io import StringIO
+
+import MySQLdb
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from agentmemory import MemoryStore, VersionConflict
+from agentmemory.consistency.nodes import kill_and_restart, local_node, wait_synced
+
+from .conftest import run_threads
+
+NODES = ["default", "node2", "node3"]
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True, databases=NODES)]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_connections():
+    """Connections take their causal-read setting when they open: every test starts and ends
+    with none open, so a test's setting never leaks into the next."""
+    connections.close_all()
+    yield
+    connections.close_all()
+
+
+def stores(cache=None):
+    return [MemoryStore(using=alias, cache=cache) for alias in NODES]
+
+
+def raw(alias):
+    settings = connections[alias].settings_dict
+    return MySQLdb.connect(
+        host=settings["HOST"],
+        port=int(settings["PORT"]),
+        user=settings["USER"],
+        passwd=settings["PASSWORD"],
+        db=settings["NAME"],
+        autocommit=True,
+    )
+
+
+class HeldApplier:
+    """``FLUSH TABLES WITH READ LOCK`` on one node: it goes on certifying the cluster's writes but
+    applies none of them until released -- the window in which it would serve older versions."""
+
+    def __init__(self, alias):
+        self.link = raw(alias)
+        self.held = False
+
+    def __enter__(self):
+        self.link.cursor().execute("FLUSH TABLES WITH READ LOCK")
+        self.held = True
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        self.link.close()
+
+    def release(self):
+        if self.held:
+            self.link.cursor().execute("UNLOCK TABLES")
+            self.held = False
+
+    def release_once_a_read_waits(self):
+        """Wait until the node shows a store read waiting (the event, not a time), then let the
+        applier go on."""
+        cursor = self.link.cursor()
+        while True:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() "
+                "AND COMMAND = 'Query' AND INFO LIKE 'SELECT%agentmemory_memory%'"
+            )
+            if cursor.fetchone()[0]:
+                return self.release()
+
+
+def caught_up(alias):
+    """Wait until the node has applied every write the cluster committed (one causal read on a
+    connection of its own)."""
+    link = raw(alias)
+    try:
+        cursor = link.cursor()
+        cursor.execute("SET SESSION wsrep_sync_wait = 1")
+        cursor.execute("SELECT COUNT(*) FROM agentmemory_memory")
+    finally:
+        link.close()
+
+
+def test_updates_from_every_node_lose_nothing():
+    nodes = stores()
+    nodes[0].remember("s", "n", 0)
+
+    def bump(worker):
+        store = nodes[worker % 3]
+        for _ in range(40):
+            store.update("s", "n", lambda n: n + 1)
+
+    run_threads(bump, 3)
+    for store in nodes:
+        assert store.recall("s", "n").value == 120
+        assert [h.version for h in store.history("s", "n")] == list(range(1, 122))
+
+
+def test_exactly_one_compare_and_set_per_version_wins_across_nodes():
+    nodes = stores()
+    nodes[0].remember("s", "k", "v1")
+    wins = []
+
+    def contend(worker):
+        store = nodes[worker % 3]
+        for _ in range(15):
+            seen = store.recall("s", "k")
+            try:
+                store.remember("s", "k", f"w{worker}", expected_version=seen.version)
+                wins.append(seen.version)
+            except VersionConflict:
+                pass
+
+    run_threads(contend, 6)
+    history = nodes[2].history("s", "k")
+    assert sorted(wins) == sorted(set(wins)), "two writers won against one version"
+    assert [h.version for h in history] == list(range(1, len(wins) + 2))
+
+
+def test_a_write_acknowledged_on_one_node_is_read_on_every_other():
+    writer, reader = (
+        MemoryStore(using="default", cache=None),
+        MemoryStore(using="node2", cache=None),
+    )
+    writer.remember("s", "k", "v1")
+    assert reader.recall("s", "k").value == "v1"
+    with HeldApplier("node2") as held:
+        acknowledged = writer.remember("s", "k", "v2")
+        releaser = threading.Thread(target=held.release_once_a_read_waits)
+        releaser.start()
+        served = reader.recall("s", "k")  # begins after the acknowledgement: waits for it
+        releaser.join()
+    assert (served.version, served.value) == (acknowledged.version, "v2")
+
+
+def test_without_causal_reads_a_node_serves_an_older_version(settings):
+    """The seam ``CAUSAL_READS=False`` shows what the causal reads prevent (and E013 forbids)."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CAUSAL_READS": False}
+    writer, reader = (
+        MemoryStore(using="default", cache=None),
+        MemoryStore(using="node2", cache=None),
+    )
+    writer.remember("s", "k", "v1")
+    caught_up("node2")
+    assert reader.recall("s", "k").value == "v1"
+    with HeldApplier("node2"):
+        acknowledged = writer.remember("s", "k", "v2")
+        served = reader.recall("s", "k")
+    assert acknowledged.version == 2 and (served.version, served.value) == (1, "v1")
+
+
+def test_a_node_killed_mid_run_loses_no_acknowledged_write():
+    nodes = stores()
+    acknowledged = {}
+    stop = threading.Event()
+
+    def write(worker):
+        store, count = nodes[worker], 0
+        while not stop.is_set() or count < 20:
+            count += 1
+            try:
+                record = store.remember("s", f"k{worker}", count)
+            except Exception:  # indeterminate while the cluster reconfigures
+                continue
+            acknowledged[worker] = record.version
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in (0, 1)]
+    for thread in writers:
+        thread.start()
+    kill_and_restart(local_node("node3"))  # kill -9, restart, wait until Synced
+    stop.set()
+    for thread in writers:
+        thread.join()
+    connections.close_all()
+    for store in nodes:
+        for worker, version in acknowledged.items():
+            record = store.recall("s", f"k{worker}")
+            assert record.version >= version, (store.using, worker)
+            history = [h.version for h in store.history("s", f"k{worker}")]
+            assert history == list(range(1, record.version + 1))
+
+
+def memcheck(*args):
+    out = StringIO()
+    try:
+        call_command(
+            "memcheck", "--database", ",".join(NODES), "--format", "json", *args, stdout=out
+        )
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, json.loads(out.getvalue())
+
+
+def test_memcheck_across_nodes_passes_and_reports_every_node():
+    code, report = memcheck()
+    assert code == 0, report["anomalies"][:3]
+    assert set(report["nodes"]) == set(NODES)
+    assert all(report["nodes"][node]["ok"] > 0 for node in NODES)
+
+
+def test_memcheck_across_nodes_finds_stale_reads_without_causal_reads(settings):
+    """Without the Redis tier (which would answer from one place for every node), reads go to
+    each client's node."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CAUSAL_READS": False, "CACHE": None}
+    code, report = memcheck("--seconds", "4")
+    assert code == 1
+    assert any(a["check"] == "stale-read" for a in report["anomalies"]), report["anomalies"][:3]
+
+
+def test_memcheck_with_node_faults_loses_nothing():
+    code, report = memcheck("--faults", "db", "--seconds", "20")
+    injected = report["faults"]["injected"]
+    assert injected.get("node-kill", 0) >= 1 and injected.get("node-pause", 0) >= 1, report[
+        "faults"
+    ]
+    assert code == 0, report["anomalies"][:3]
+    for node in NODES:
+        wait_synced(node)
