@@ -9,6 +9,8 @@ from pathlib import Path
 import dj_database_url
 from django.conf import settings
 
+from project.settings import cluster_urls
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "agent_backend"
 
 
@@ -16,7 +18,8 @@ def example_env() -> dict[str, str]:
     """This run's server, but a database of the example's own (its test database is
     test_agent_backend, never this suite's)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
-    url = os.environ.get("DATABASE_URL", "")
+    # A cluster's URL lists every node: the example project is a one-database project, on node 1.
+    url = cluster_urls(os.environ.get("DATABASE_URL", ""))[0]
     if url and not url.startswith("sqlite"):
         parsed = dj_database_url.parse(url)
         env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/agent_backend"
