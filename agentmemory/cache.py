@@ -55,36 +55,79 @@ logger = logging.getLogger("agentmemory.cache")
 #: How long a cache miss waits for the reader holding the key's fill lease before it reads the
 #: database itself (a lease holder that died costs its followers at most this).
 HOT_KEY_WAIT_SECONDS = 0.25
+#: The most keys one read fills (the rest of a large miss is read from the database, uncached).
+FILLS_PER_CALL = 100
+#: How long a write's tombstone lives if its writer never updates it (rolled back, or died): the
+#: key is a miss that long. It must outlast the time from the mark to the COMMIT.
+TOMBSTONE_MS = 3_000
 
-# KEYS: entry, fence, lease. ARGV: new lease token, lease ms.
-# Returns {entry or false, fence present, redis time ms, lease token or false}.
-READ_SCRIPT = """
+# An entry is "<version>|<run_id>|<payload>": the version first, so the scripts compare it without
+# decoding JSON; the run_id of the Redis server process that stored it, so an entry that outlived
+# its server (restored from a snapshot or an AOF, replicated before a failover) is never trusted;
+# the payload is JSON, or "~" for a write in progress (a tombstone: this version is being
+# committed, nothing older may be filled). Written and read only by these scripts and this module.
+#
+# The current server's run_id changes at every restart and differs on a promoted replica: read it
+# from INFO (only when there is an entry to judge, or one to write).
+RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')"
+
+# KEYS: entry, fence, lease. ARGV: new lease token, lease ms, '1' if a lease may be taken, '1' to
+# trust only this server's entries ('0' only with CACHE_PROTECTION off).
+# Returns {trusted entry or false, fence present, redis time ms, lease token or false}. An entry
+# written by another server process, or a tombstone, is no entry: the reader misses and may fill.
+READ_SCRIPT = f"""
 local entry = redis.call('GET', KEYS[1])
+if entry then
+  local who, kind = string.match(entry, '^%d+|(%x*)|(.)')
+  if kind == '~' or (ARGV[4] == '1' and who ~= {RUN_ID}) then entry = false end
+end
 local fence = redis.call('EXISTS', KEYS[2])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = false
-if not entry and fence == 1 then
+if not entry and fence == 1 and ARGV[3] == '1' then
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then lease = ARGV[1] end
 end
-return {entry or false, fence, now_ms, lease}
+return {{entry or false, fence, now_ms, lease}}
 """
 
 # KEYS: entry, lease. ARGV: version, payload, ttl ms, lease token ('' for a write's update).
 # A write's update (no token) deletes the lease, so fills begun before it are rejected.
-# Returns 1 if stored, 0 if rejected (older than the cached version, or the lease is gone).
-PUT_SCRIPT = """
+# Returns 1 if stored, 0 if rejected: older than this server's entry (or than its tombstone), or
+# the lease is gone. Another server's entry is replaced whatever its version.
+PUT_SCRIPT = f"""
 local token = ARGV[4]
 if token ~= '' then
   if redis.call('GET', KEYS[2]) ~= token then return 0 end
 end
 redis.call('DEL', KEYS[2])
+local me = {RUN_ID}
+local new = tonumber(ARGV[1])
 local current = redis.call('GET', KEYS[1])
 if current then
-  local v = tonumber(string.match(current, '^(%d+)|'))
-  if v and v >= tonumber(ARGV[1]) then return 0 end
+  local v, who, kind = string.match(current, '^(%d+)|(%x*)|(.)')
+  v = tonumber(v)
+  if who == me and v and (v > new or (v == new and kind ~= '~')) then return 0 end
 end
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. me .. '|' .. ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
+# Before a write commits, under its row locks. KEYS: entries. ARGV: tombstone ttl ms, then the
+# version each key is about to commit. Each entry becomes a tombstone of that version: readers miss
+# and can fill only that version or newer, so a writer that dies between its commit and its
+# update leaves a miss, never an older version to trust.
+MARK_SCRIPT = f"""
+local me = {RUN_ID}
+for i, key in ipairs(KEYS) do
+  local new = tonumber(ARGV[i + 1])
+  local current = redis.call('GET', key)
+  local v, who = false, false
+  if current then v, who = string.match(current, '^(%d+)|(%x*)|') end
+  if not (who == me and tonumber(v) >= new) then
+    redis.call('SET', key, ARGV[i + 1] .. '|' .. me .. '|~', 'PX', ARGV[1])
+  end
+end
 return 1
 """
 
@@ -98,6 +141,8 @@ class CachedRead:
     hit: bool = False  # a believed entry (record None: the memory is absent at that version)
     lease: str | None = None  # a miss with the right to fill
     redis_ms: int = 0
+    # A miss whose lease another reader holds: its fill may come soon, worth a short wait.
+    contended: bool = False
 
 
 class MemoryCache:
@@ -145,6 +190,13 @@ class MemoryCache:
         return f"{self.prefix}fence"
 
     # ------------------------------------------------------------------ plumbing
+
+    @property
+    def protected(self) -> bool:
+        """``AGENTMEMORY["CACHE_PROTECTION"]``, read at each use: off, the tier skips what keeps
+        it from serving a stale version (server identity, tombstones, pending records and the
+        fence wait). A declared seam for memcheck's tests; system check E014 when off."""
+        return bool(get_config()["CACHE_PROTECTION"])
 
     @property
     def client(self) -> Any:
@@ -218,9 +270,18 @@ class MemoryCache:
         if not self.available:
             return {}
         calls = []
+        protected = "1" if self.protected else "0"
         for key in keys:
             entry, lease = self._names(session_id, key)
-            calls.append(([entry, self.fence_key, lease], [secrets.token_hex(8), self.lease_ms]))
+            # Bounded: one call fills at most FILLS_PER_CALL keys (a recall_many of thousands of
+            # missing keys must not cache thousands of absences).
+            may_fill = "1" if len(calls) < FILLS_PER_CALL else "0"
+            calls.append(
+                (
+                    [entry, self.fence_key, lease],
+                    [secrets.token_hex(8), self.lease_ms, may_fill, protected],
+                )
+            )
         try:
             replies = self._run(READ_SCRIPT, calls)
         except Exception as exc:  # any Redis failure degrades to the database
@@ -228,7 +289,9 @@ class MemoryCache:
             return {}
         now = clock.now()
         found = {}
-        for key, (raw, fence, redis_ms, lease) in zip(keys, replies, strict=True):
+        for index, (key, (raw, fence, redis_ms, lease)) in enumerate(
+            zip(keys, replies, strict=True)
+        ):
             trusted = fence == 1
             if not trusted:
                 found[key] = CachedRead(False, redis_ms=redis_ms)
@@ -236,7 +299,10 @@ class MemoryCache:
             if not raw:
                 self.count("misses")
                 found[key] = CachedRead(
-                    True, lease=_text(lease) if lease else None, redis_ms=redis_ms
+                    True,
+                    lease=_text(lease) if lease else None,
+                    redis_ms=redis_ms,
+                    contended=not lease and index < FILLS_PER_CALL,
                 )
                 continue
             record = self._decode(session_id, key, raw)
@@ -263,7 +329,7 @@ class MemoryCache:
         # Another reader holds the fill lease of a hot key: wait (briefly, backing off) for its
         # fill rather than sending every concurrent miss to the database.
         deadline, pause = time.monotonic() + HOT_KEY_WAIT_SECONDS, 0.002
-        while busy := [k for k, r in reads.items() if r.trusted and not r.hit and r.lease is None]:
+        while busy := [k for k, r in reads.items() if r.contended]:
             if time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
@@ -292,6 +358,31 @@ class MemoryCache:
 
     # ------------------------------------------------------------------ writes
 
+    def writing(self, session_id: str, versions: dict[str, int]) -> bool:
+        """Before a write commits, under its row locks: each key's entry becomes a tombstone of
+        the version about to commit, so that a writer that dies between its commit and
+        :meth:`written` leaves readers a miss, never an older version. False if Redis could not
+        be reached: the caller records the keys as pending in its transaction instead."""
+        if not self.protected:
+            return True
+        if not versions or not self.available:
+            return False
+        keys = sorted(versions)
+        try:
+            self._run(
+                MARK_SCRIPT,
+                [
+                    (
+                        [self.entry_key(session_id, key) for key in keys],
+                        [TOMBSTONE_MS, *(versions[key] for key in keys)],
+                    )
+                ],
+            )
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        return True
+
     def written(
         self, session_id: str, changes: dict[str, tuple[MemoryRecord | None, int] | None]
     ) -> None:
@@ -307,7 +398,7 @@ class MemoryCache:
         unknown = sorted(key for key, change in changes.items() if change is None)
         if unknown and not (self.available and self._drop([(session_id, k) for k in unknown])):
             failed += unknown
-        if failed:
+        if failed and self.protected:
             self._record_pending(session_id, sorted(failed))
 
     def erased(self, session_id: str, keys: Iterable[str]) -> None:
@@ -415,8 +506,8 @@ class MemoryCache:
         return encode_payload(session_id, key, record)
 
     def _decode(self, session_id: str, key: str, raw: bytes) -> Any:
-        version, data = decode_entry(raw)
-        if (data["s"], data["k"]) != (session_id, key):
+        version, _server, data = decode_entry(raw)
+        if data is None or (data["s"], data["k"]) != (session_id, key):
             return _FOREIGN
         if data.get("absent"):
             return None
@@ -432,8 +523,7 @@ class MemoryCache:
 
 
 # ---------------------------------------------------------------------- the entry format
-# An entry is "<version>|<json payload>": the version first, so the put script compares it
-# without decoding JSON. Written and read only here.
+# "<version>|<run_id>|<payload>" (see the scripts above).
 
 
 def encode_payload(session_id: str, key: str, record: MemoryRecord | None) -> str:
@@ -453,15 +543,22 @@ def encode_payload(session_id: str, key: str, record: MemoryRecord | None) -> st
     )
 
 
-def entry_version(raw: bytes | str) -> int:
-    """The version an entry holds, without decoding its payload."""
-    return int(_text(raw).partition("|")[0])
+def decode_entry(raw: bytes | str) -> tuple[int, str, dict[str, Any] | None]:
+    """An entry as (version, run_id of the server that stored it, payload dict or None for a
+    tombstone)."""
+    version, _, rest = _text(raw).partition("|")
+    server, _, payload = rest.partition("|")
+    return int(version), server, None if payload == "~" else json.loads(payload)
 
 
-def decode_entry(raw: bytes | str) -> tuple[int, dict[str, Any]]:
-    """An entry as (version, payload dict)."""
-    version, _, payload = _text(raw).partition("|")
-    return int(version), json.loads(payload)
+def entry_version(raw: bytes | str, run_id: str | None = None) -> int | None:
+    """The version an entry serves, without decoding its payload; None for a tombstone or, given
+    the current server's ``run_id``, an entry another server stored (neither is ever served)."""
+    version, _, rest = _text(raw).partition("|")
+    server, _, payload = rest.partition("|")
+    if payload == "~" or (run_id is not None and server != run_id):
+        return None
+    return int(version)
 
 
 _FOREIGN: Any = object()

@@ -97,6 +97,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                     id="agentmemory.E007",
                 )
             )
+    if config["CACHE"] is not None and not config["CACHE_PROTECTION"]:
+        errors.append(
+            Error(
+                "AGENTMEMORY['CACHE_PROTECTION'] is False: the Redis tier can serve an older "
+                "version than an acknowledged write (after a restart, a failover, or a writer "
+                "that could not reach Redis).",
+                hint="Remove CACHE_PROTECTION from AGENTMEMORY (it exists for memcheck's tests).",
+                id="agentmemory.E014",
+            )
+        )
     try:
         check_ttl(config["DEFAULT_TTL"])
     except InvalidMemory as exc:

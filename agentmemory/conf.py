@@ -29,6 +29,11 @@ DEFAULTS: dict[str, Any] = {
     # (wsrep_sync_wait): a write acknowledged by another node is never missed. Turning it off
     # breaks read-after-write across nodes (system check E013); it exists for memcheck's tests.
     "CAUSAL_READS": True,
+    # The Redis tier's protection against serving an older version than an acknowledged write:
+    # entries bound to the Redis server process that stored them, tombstones before a commit,
+    # pending invalidations and the fence wait. Off only to show that memcheck catches what it
+    # prevents (system check E014).
+    "CACHE_PROTECTION": True,
     # Largest encoded JSON value accepted, in bytes.
     "MAX_VALUE_BYTES": 1024 * 1024,
     # Deadlocks, serialization failures, lock timeouts and lost connections are retried

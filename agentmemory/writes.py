@@ -23,7 +23,7 @@ from . import clock, validation
 from .cache import MemoryCache
 from .conf import get_config
 from .errors import InvalidMemory, VersionConflict
-from .models import Memory, MemoryState, MemoryVersion, Op, is_live
+from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
 from .sql import LockedRow, encode_json, statements_for, to_datetime
@@ -88,8 +88,16 @@ class WritePath:
                     session_id, key, changes[key], now, retry, updates, basis
                 )
             if self.cache is not None and updates:
-                # Only after the commit: a rolled-back attempt must leave Redis untouched.
                 cache = self.cache
+                committing = {k: u[1] for k, u in updates.items() if u is not None}
+                if committing and not cache.writing(session_id, committing):
+                    # Redis cannot take the tombstones: the keys are recorded as pending in this
+                    # very transaction, so even a writer that dies after COMMIT leaves them.
+                    PendingInvalidation.objects.using(self.using).bulk_create(
+                        [PendingInvalidation(session_id=session_id, key=k) for k in committing]
+                    )
+                # The update only after the commit: a rolled-back attempt leaves at most
+                # tombstones (misses), never a version that was not committed.
                 transaction.on_commit(lambda: cache.written(session_id, updates), using=self.using)
             return results
 

@@ -114,13 +114,12 @@ def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, v
     assert any(a["check"] == "caller-error" for a in report["anomalies"]), report["anomalies"][:3]
 
 
-def test_cache_faults_catch_a_cache_tier_without_its_fence(monkeypatch):
-    """The Redis faults bite: if a writer that could not update Redis neither records the key nor
-    waits out the fence, readers are served stale versions after the pause -- and memcheck says so."""
-    from agentmemory.cache import MemoryCache
-
+def test_cache_faults_catch_a_cache_tier_without_its_protection(settings):
+    """The Redis faults bite: if a writer that could not update Redis neither left a tombstone
+    nor recorded the key and waited out the fence, readers are served stale versions after the
+    pause -- and memcheck says so (the seam: CACHE_PROTECTION=False)."""
     redis_alias()
-    monkeypatch.setattr(MemoryCache, "_record_pending", lambda self, session_id, keys: None)
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE_PROTECTION": False}
     found = Counter()
     for seed in range(3):
         code, report = run_json("--faults", "cache", "--seconds", "6", "--seed", str(seed))
@@ -193,6 +192,7 @@ def test_audit_finds_a_diverging_cache_entry_and_an_unpurged_expired_row(store):
     assert store.recall("s", "k").version == 2
     code, out = run("--audit")
     assert code == 0, out
-    store.cache.client.set(store.cache.entry_key("s", "k"), "1|planted")
+    run_id = store.cache.client.info("server")["run_id"]  # an entry this server would serve
+    store.cache.client.set(store.cache.entry_key("s", "k"), f"1|{run_id}|planted")
     code, out = run("--audit")
     assert code == 1 and "cache-divergence" in out and "Redis holds v1, the database v2" in out

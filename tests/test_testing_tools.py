@@ -130,7 +130,8 @@ def test_assert_memory_consistent_passes_on_store_data_and_names_each_violation(
 def test_assert_memory_consistent_sees_a_stale_redis_entry(memory_store, assert_memory_consistent):
     memory_store.remember("s", "k", 1)
     memory_store.remember("s", "k", 2)
-    memory_store.cache.client.set(memory_store.cache.entry_key("s", "k"), "1|stale")
+    client = memory_store.cache.client
+    client.set(memory_store.cache.entry_key("s", "k"), f"1|{client.info('server')['run_id']}|x")
     with pytest.raises(MemoryInconsistent, match="Redis holds v1, the database v2"):
         assert_memory_consistent()
 

@@ -81,12 +81,15 @@ def duplicate_keys(using: str, session_ids: Iterable[str]) -> dict[tuple[str, st
 def cached_versions(
     cache: Any, keys: Iterable[tuple[str, str]]
 ) -> dict[tuple[str, str], int | None]:
-    """The version of each key's Redis entry (None: no entry); {} without a cache tier."""
+    """The version each key's Redis entry serves (None: no entry, a tombstone, or an entry of
+    another server process, none of which is served); {} without a cache tier."""
     if cache is None:
         return {}
     keys = sorted(keys)
-    raw = cache.client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
+    client = cache.client
+    raw = client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
+    run_id = client.info("server")["run_id"]
     return {
-        pair: None if entry is None else entry_version(entry)
+        pair: None if entry is None else entry_version(entry, run_id)
         for pair, entry in zip(keys, raw, strict=True)
     }

@@ -1,0 +1,142 @@
+"""Semantic 7 when Redis loses writes it acknowledged: restarted from an older RDB snapshot (at
+several restart delays, inside and past the fence's lifetime), crashed with an AOF that lost its
+last second, and a Sentinel failover to a replica. Every Redis here is one of the test's own, on a
+free loopback port (agentmemory.testing.redis_servers). ``CACHE_PROTECTION=False`` is the seam
+that shows each scenario does serve the older version without the protection."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from django.core.cache import caches
+
+from agentmemory import MemoryStore
+from agentmemory.cache import entry_version
+from agentmemory.testing.redis_servers import RedisServer, SentinelGroup
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RECALLS = 20
+
+
+def cache_on(settings, alias, location, **options):
+    settings.CACHES = {
+        **settings.CACHES,
+        alias: {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": location,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25, **options},
+        },
+    }
+    return MemoryStore(cache=alias)
+
+
+def warm(store):
+    """v1 written and served from Redis (the fence renewed by the first read)."""
+    store.remember("s", "k", "v1")
+    store.recall("s", "k")
+    assert store.recall("s", "k").version == 1 and store.last_read_source == "cache"
+
+
+def recalls(store):
+    return [store.recall("s", "k").version for _ in range(RECALLS)]
+
+
+def acknowledged_v2(store, server):
+    record = store.remember("s", "k", "v2")
+    raw = server.client().get(store.cache.entry_key("s", "k"))
+    assert record.version == 2 and entry_version(raw) == 2  # Redis acknowledged the update
+    return record
+
+
+# The restart delay is the scenario's parameter (the fence lives 1 s): the server is down that
+# long. Nothing waits for an event by sleeping; the restart itself waits until Redis is ready.
+@pytest.mark.parametrize("delay", [0.0, 0.5, 1.5, 3.0])
+def test_redis_restarted_from_an_older_snapshot_never_serves_the_older_version(
+    tmp_path, settings, delay
+):
+    with RedisServer(tmp_path) as server:
+        store = cache_on(settings, "restartable", server.url)
+        warm(store)
+        server.save()  # the snapshot holds v1 and a live fence
+        acknowledged_v2(store, server)
+        server.kill()
+        time.sleep(delay)
+        server.start()  # back from the snapshot: v1, and maybe the fence
+        assert recalls(store) == [2] * RECALLS
+
+
+@pytest.mark.parametrize("delay", [0.0, 3.0])
+def test_without_the_protection_a_restarted_redis_serves_the_older_version(
+    tmp_path, settings, delay
+):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE_PROTECTION": False}
+    with RedisServer(tmp_path) as server:
+        store = cache_on(settings, "restartable", server.url)
+        warm(store)
+        server.save()
+        acknowledged_v2(store, server)
+        server.kill()
+        time.sleep(delay)
+        server.start()
+        assert 1 in recalls(store)
+
+
+def lose_the_aof_tail(server, kept):
+    """What a host crash does to ``appendfsync everysec``: the AOF comes back as it was before
+    its last second (``kept``, copied then), though Redis had acknowledged what followed."""
+    server.kill()
+    shutil.rmtree(server.directory / "appendonlydir")
+    shutil.copytree(kept, server.directory / "appendonlydir")
+    server.start()
+
+
+@pytest.mark.parametrize("protected", [True, False])
+def test_redis_crashed_with_an_aof_that_lost_its_last_second(tmp_path, settings, protected):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE_PROTECTION": protected}
+    with RedisServer(tmp_path / "redis", appendonly=True) as server:
+        store = cache_on(settings, "aof", server.url)
+        warm(store)
+        kept = shutil.copytree(server.directory / "appendonlydir", tmp_path / "kept")
+        acknowledged_v2(store, server)
+        lose_the_aof_tail(server, kept)
+        served = recalls(store)
+    if protected:
+        assert served == [2] * RECALLS
+    else:
+        assert 1 in served
+
+
+def test_a_sentinel_failover_right_after_an_acknowledged_update(tmp_path, settings):
+    """django-redis' Sentinel support, a primary, a replica and three sentinels: the primary is
+    killed right after Redis acknowledged v2; the sentinels promote the replica."""
+    with SentinelGroup(tmp_path) as group:
+        store = cache_on(
+            settings,
+            "sentinel",
+            f"redis://{group.NAME}/0",
+            CLIENT_CLASS="django_redis.client.SentinelClient",
+            CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
+            SENTINELS=group.addresses,
+        )
+        warm(store)
+        acknowledged_v2(store, group.primary)
+        group.fail_over()
+        assert recalls(store) == [2] * RECALLS
+        store.remember("s", "k", "v3")  # and the promoted primary takes writes
+        assert recalls(store) == [3] * RECALLS
+        assert store.last_read_source == "cache"
+
+
+def test_flushall_eviction_and_a_pause_only_cause_misses(tmp_path, settings):
+    with RedisServer(tmp_path) as server:
+        store = cache_on(settings, "volatile", server.url)
+        warm(store)
+        server.client().flushall()
+        assert recalls(store) == [1] * RECALLS
+        store.remember("s", "k", "v2")
+        server.client().delete(store.cache.entry_key("s", "k"))  # evicted
+        assert recalls(store) == [2] * RECALLS
+    caches.close_all()
