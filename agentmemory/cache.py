@@ -30,6 +30,7 @@ Counters (``stats``) record hits, misses, fills, rejected fills, errors and repl
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import secrets
@@ -49,6 +50,7 @@ from .conf import get_config
 from .errors import MemoryUnavailable
 from .models import MemoryState, PendingInvalidation, is_live
 from .records import MemoryRecord
+from .vendors import database_identity
 
 logger = logging.getLogger("agentmemory.cache")
 
@@ -71,21 +73,23 @@ TOMBSTONE_MS = 3_000
 # from INFO (only when there is an entry to judge, or one to write).
 RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')"
 
-# KEYS: entry, fence, lease. ARGV: new lease token, lease ms, '1' if a lease may be taken, '1' to
-# trust only this server's entries ('0' only with CACHE_PROTECTION off).
+# KEYS: entry, fence, lease. ARGV: new lease token, lease ms, flags: first '1' if a lease may be
+# taken, second '1' to trust only this server's entries ('0' only with CACHE_PROTECTION off).
 # Returns {trusted entry or false, fence present, redis time ms, lease token or false}. An entry
 # written by another server process, or a tombstone, is no entry: the reader misses and may fill.
 READ_SCRIPT = f"""
 local entry = redis.call('GET', KEYS[1])
 if entry then
   local who, kind = string.match(entry, '^%d+|(%x*)|(.)')
-  if kind == '~' or (ARGV[4] == '1' and who ~= {RUN_ID}) then entry = false end
+  if kind == '~' or (string.sub(ARGV[3], 2, 2) == '1' and who ~= {RUN_ID}) then
+    entry = false
+  end
 end
 local fence = redis.call('EXISTS', KEYS[2])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = false
-if not entry and fence == 1 and ARGV[3] == '1' then
+if not entry and fence == 1 and string.sub(ARGV[3], 1, 1) == '1' then
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then lease = ARGV[1] end
 end
 return {{entry or false, fence, now_ms, lease}}
@@ -158,11 +162,10 @@ class MemoryCache:
         self.fence_seconds: float = config["CACHE_FENCE_SECONDS"]
         self.max_entry_ms = int(config["CACHE_MAX_ENTRY_SECONDS"] * 1000)
         self.lease_ms = 5000
-        # Every Redis name of this tier starts with this: the cache's own prefix and version,
-        # then the namespace (the test plugin gives each test one of its own).
-        self.prefix = f"{caches[alias].make_key('agentmemory')}:" + (
+        self._base = f"{caches[alias].make_key('agentmemory')}:" + (
             f"{namespace}:" if namespace else ""
         )
+        self._prefix: str | None = None
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -170,6 +173,23 @@ class MemoryCache:
         self._scripts: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ keys
+
+    @property
+    def prefix(self) -> str:
+        """Every Redis name of this tier starts with this: the cache's own prefix and version,
+        the namespace (the test plugin gives each test one of its own), then the identity of the
+        database it caches (asked once), so two databases sharing one Redis never meet."""
+        if self._prefix is None:
+            from django.db import connections
+
+            identity = database_identity(connections[self.using])
+            self._prefix = f"{self._base}db-{identity}:"
+        return self._prefix
+
+    def _token(self) -> str:
+        """A lease token unique across processes (a random prefix) and calls (a counter):
+        cheaper than asking the OS for randomness on every read."""
+        return f"{_TOKEN_PREFIX}{next(_TOKENS)}"
 
     def _hash(self, session_id: str, key: str) -> str:
         return hashlib.sha256(f"{session_id}\x00{key}".encode()).hexdigest()[:40]
@@ -271,17 +291,13 @@ class MemoryCache:
             return {}
         calls = []
         protected = "1" if self.protected else "0"
+        fence = self.fence_key
         for key in keys:
             entry, lease = self._names(session_id, key)
             # Bounded: one call fills at most FILLS_PER_CALL keys (a recall_many of thousands of
             # missing keys must not cache thousands of absences).
-            may_fill = "1" if len(calls) < FILLS_PER_CALL else "0"
-            calls.append(
-                (
-                    [entry, self.fence_key, lease],
-                    [secrets.token_hex(8), self.lease_ms, may_fill, protected],
-                )
-            )
+            flags = ("1" if len(calls) < FILLS_PER_CALL else "0") + protected
+            calls.append(([entry, fence, lease], [self._token(), self.lease_ms, flags]))
         try:
             replies = self._run(READ_SCRIPT, calls)
         except Exception as exc:  # any Redis failure degrades to the database
@@ -562,6 +578,8 @@ def entry_version(raw: bytes | str, run_id: str | None = None) -> int | None:
 
 
 _FOREIGN: Any = object()
+_TOKEN_PREFIX = secrets.token_hex(6)
+_TOKENS = itertools.count()
 
 
 def _text(raw: Any) -> str:

@@ -255,3 +255,54 @@ def galera_status(connection: Any) -> dict[str, str]:
         row = cursor.fetchone()
     status["wsrep_local_state_comment"] = str(row[1]) if row else ""
     return status
+
+
+def database_identity(connection: Any) -> str:
+    """A short name for the database this connection reaches, the same from every alias and
+    node that reaches it and different for any other database (another file, server, cluster or
+    database name) -- not the alias, which every project calls ``default``. The cache tier puts
+    it in its Redis keys, so two databases sharing one Redis never read each other's entries."""
+    import hashlib
+    import os
+
+    name = str(connection.settings_dict.get("NAME") or "")
+    if connection.vendor == "sqlite":
+        parts = ["sqlite", os.path.realpath(name) if name and ":memory:" not in name else name]
+    elif connection.vendor == "postgresql":
+        from django.db import transaction
+
+        try:
+            with transaction.atomic(using=connection.alias):  # a savepoint if in a transaction
+                parts = ["postgresql", *_first_row(connection, _POSTGRES_IDENTITY)]
+        except DatabaseError:  # pg_control_system() needs pg_monitor: the address instead
+            parts = ["postgresql", *_first_row(connection, _POSTGRES_ADDRESS)]
+    elif flavor(connection) == "tidb":
+        settings = connection.settings_dict
+        parts = ["tidb", str(settings.get("HOST")), str(settings.get("PORT")), name]
+    elif is_galera(connection):
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW STATUS LIKE 'wsrep_cluster_state_uuid'")
+            row = cursor.fetchone()
+        parts = ["galera", str(row[1]) if row else "", *_first_row(connection, "SELECT DATABASE()")]
+    else:
+        parts = ["mysql", *_first_row(connection, _MYSQL_IDENTITY)]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:12]
+
+
+# The server's own identity where it has one (PostgreSQL's system identifier, MySQL's
+# server_uuid), its address and data directory otherwise; and the database's name (and OID).
+_POSTGRES_IDENTITY = (
+    "SELECT (SELECT system_identifier::text FROM pg_control_system()), "
+    "current_database(), (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+)
+_POSTGRES_ADDRESS = (
+    "SELECT host(inet_server_addr()), inet_server_port()::text, current_database(), "
+    "(SELECT oid::text FROM pg_database WHERE datname = current_database())"
+)
+_MYSQL_IDENTITY = "SELECT @@hostname, @@port, @@datadir, DATABASE()"
+
+
+def _first_row(connection: Any, sql: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return [str(value) for value in cursor.fetchone()]

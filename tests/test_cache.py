@@ -355,3 +355,20 @@ def test_memcheck_reports_a_cache_that_diverged_from_the_database(cached):
     assert [(a.check, a.key, a.message) for a in anomalies] == [
         ("cache-divergence", "k", "Redis holds v1, the database v2")
     ]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_two_databases_sharing_one_redis_never_read_each_others_entries():
+    """Staging and production, or two tenants' aliases, on one Redis database with the same
+    prefix: each database's entries carry its identity, not the alias name."""
+    alias = redis_alias()
+    a, b = MemoryStore(using="default", cache=alias), MemoryStore(using="other", cache=alias)
+    for i in range(5):
+        a.remember("s", "k", f"from-a-{i}")
+        a.recall("s", "k")
+    assert b.remember("s", "k", "from-b").version == 1
+    served = [b.recall("s", "k") for _ in range(5)]
+    assert [(r.version, r.value) for r in served] == [(1, "from-b")] * 5
+    assert b.last_read_source == "cache"  # B's own entry, not A's
+    assert (a.recall("s", "k").version, a.recall("s", "k").value) == (5, "from-a-4")
+    assert a.cache.prefix != b.cache.prefix
