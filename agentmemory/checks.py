@@ -87,6 +87,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="agentmemory.E006",
             )
         )
+    if config["CACHE"] is not None and config["CACHE"] in settings.CACHES:
+        client_class = (settings.CACHES[config["CACHE"]].get("OPTIONS") or {}).get(
+            "CLIENT_CLASS", "django_redis.client.DefaultClient"
+        )
+        if client_class.endswith("ShardClient"):
+            errors.append(
+                Error(
+                    f"AGENTMEMORY['CACHE'] is {config['CACHE']!r}, a sharded django-redis cache: "
+                    "an entry, its lease and the fence would live on different servers, and no "
+                    "script could keep them consistent.",
+                    hint="Give the cache tier one Redis primary (optionally Sentinel-managed: "
+                    "django_redis.client.SentinelClient).",
+                    id="agentmemory.E015",
+                )
+            )
     for name in ("CACHE_FENCE_SECONDS", "CACHE_MAX_ENTRY_SECONDS"):
         seconds = config[name]
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:

@@ -105,17 +105,38 @@ DATABASES = {
     "other": database_from_url(f"sqlite:///{BASE_DIR / 'agentmemory-other.sqlite3'}"),
 }
 
+
+def redis_cache(url: str, sentinels: str | None = None) -> dict:
+    """The cache tier's django-redis settings. ``url``: ``redis://host:port/db``; with
+    ``sentinels`` (``host:port,host:port``), ``redis://<service name>/db`` of a primary that
+    those Sentinels manage (django-redis' SentinelClient: it asks them where the primary is, and
+    asks again after a failover)."""
+    # Short timeouts: a hung Redis costs a recall at most this, then the store reads the
+    # database and stops calling Redis for a moment.
+    options: dict = {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}
+    if sentinels:
+        options.update(
+            CLIENT_CLASS="django_redis.client.SentinelClient",
+            CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
+            SENTINELS=[
+                (host, int(port))
+                for host, _, port in (item.strip().rpartition(":") for item in sentinels.split(","))
+            ],
+        )
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": url,
+        "OPTIONS": options,
+        "KEY_PREFIX": "demo",
+    }
+
+
+# REDIS_URL=redis://127.0.0.1:6379/0, or with REDIS_SENTINELS=127.0.0.1:26379,127.0.0.1:26380
+# REDIS_URL=redis://mymaster/0 (the service name the Sentinels monitor).
 REDIS_URL = os.environ.get("REDIS_URL")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if REDIS_URL:
-    CACHES["agentmemory"] = {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
-        # Short timeouts: a hung Redis costs a recall at most this, then the store reads the
-        # database and stops calling Redis for a moment.
-        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25},
-        "KEY_PREFIX": "demo",
-    }
+    CACHES["agentmemory"] = redis_cache(REDIS_URL, os.environ.get("REDIS_SENTINELS"))
 
 AGENTMEMORY = {
     "DATABASE": "default",

@@ -96,3 +96,16 @@ def test_old_tidb_is_an_error():
 def test_recent_pessimistic_tidb_passes():
     assert tidb_errors("default", (8, 5, 1), "") == []
     assert tidb_errors("default", (6, 5, 0), "pessimistic") == []
+
+
+def test_cache_protection_off_and_a_sharded_cache_are_errors(settings):
+    settings.CACHES = {
+        **settings.CACHES,
+        "sharded": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": ["redis://127.0.0.1:6379/1", "redis://127.0.0.1:6379/2"],
+            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.ShardClient"},
+        },
+    }
+    settings.AGENTMEMORY = {"CACHE": "sharded", "CACHE_PROTECTION": False}
+    assert sorted(ids(check_settings())) == ["agentmemory.E014", "agentmemory.E015"]

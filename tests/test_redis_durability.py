@@ -15,21 +15,16 @@ from django.core.cache import caches
 from agentmemory import MemoryStore
 from agentmemory.cache import entry_version
 from agentmemory.testing.redis_servers import RedisServer, SentinelGroup
+from project.settings import redis_cache
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RECALLS = 20
 
 
-def cache_on(settings, alias, location, **options):
-    settings.CACHES = {
-        **settings.CACHES,
-        alias: {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": location,
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25, **options},
-        },
-    }
+def cache_on(settings, alias, location, sentinels=None):
+    """A cache alias configured as the README tells users to (project.settings.redis_cache)."""
+    settings.CACHES = {**settings.CACHES, alias: redis_cache(location, sentinels)}
     return MemoryStore(cache=alias)
 
 
@@ -113,14 +108,8 @@ def test_a_sentinel_failover_right_after_an_acknowledged_update(tmp_path, settin
     """django-redis' Sentinel support, a primary, a replica and three sentinels: the primary is
     killed right after Redis acknowledged v2; the sentinels promote the replica."""
     with SentinelGroup(tmp_path) as group:
-        store = cache_on(
-            settings,
-            "sentinel",
-            f"redis://{group.NAME}/0",
-            CLIENT_CLASS="django_redis.client.SentinelClient",
-            CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
-            SENTINELS=group.addresses,
-        )
+        sentinels = ",".join(f"{host}:{port}" for host, port in group.addresses)
+        store = cache_on(settings, "sentinel", f"redis://{group.NAME}/0", sentinels)
         warm(store)
         acknowledged_v2(store, group.primary)
         group.fail_over()
