@@ -24,7 +24,24 @@ acknowledged write (contract semantic 7):
   renewal racing with a new pending record cannot outlive the writer's wait. Redis coming back
   with old contents (a paused server resumed, a restart) therefore serves nothing until replayed.
 
-Counters (``stats``) record hits, misses, fills, rejected fills, errors and replays.
+* **Entries bound to a server process.** Redis can acknowledge a write and lose it: a restart
+  from an RDB snapshot or an AOF that missed the last second, a replica promoted by Sentinel
+  before it received the write. Every entry records the ``run_id`` of the server process that
+  stored it, and the read script compares it with the current ``run_id`` (``INFO server``, same
+  round trip): whatever a restarted server reloaded, or a promoted replica received, was stored
+  by another process and is a miss, refilled from the database under a lease. The fence a
+  snapshot restores is therefore harmless. ``FLUSHALL`` and eviction only delete (misses).
+
+* **Tombstones before a commit.** Under its row locks, just before COMMIT, a write turns each of
+  its entries into a tombstone of the version it is committing: readers miss, and fills of older
+  versions are rejected by the version comparison. The after-commit update replaces it. A writer
+  that dies between COMMIT and its update leaves a tombstone (a miss for at most
+  :data:`TOMBSTONE_MS`), never the older version. If Redis cannot take the tombstones, the keys
+  are recorded as pending in the write's own transaction, so they survive the writer.
+
+``CACHE_PROTECTION=False`` (a declared seam, system check E014) turns the identity check, the
+tombstones and the pending records off, for the tests that show memcheck catches what they
+prevent. Counters (``stats``) record hits, misses, fills, rejected fills, errors and replays.
 """
 
 from __future__ import annotations
