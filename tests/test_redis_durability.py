@@ -1,7 +1,7 @@
 """Semantic 7 when Redis loses writes it acknowledged: restarted from an older RDB snapshot (at
 several restart delays, inside and past the fence's lifetime), crashed with an AOF that lost its
 last second, and a Sentinel failover to a replica. Every Redis here is one of the test's own, on a
-free loopback port (agentmemory.testing.redis_servers). ``CACHE_PROTECTION=False`` is the seam
+free loopback port (agentmemory.consistency.redis_servers). ``CACHE_PROTECTION=False`` is the seam
 that shows each scenario does serve the older version without the protection."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.core.cache import caches
 
 from agentmemory import MemoryStore
 from agentmemory.cache import entry_version
-from agentmemory.testing.redis_servers import RedisServer, SentinelGroup
+from agentmemory.consistency.redis_servers import RedisServer, SentinelGroup
 from project.settings import redis_cache
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,9 +11,18 @@ remote server:
   out (1205, 55P03) and must retry. On SQLite it holds the database's write lock
   (``BEGIN IMMEDIATE``) for as long: writers queue behind it within their busy timeout (a shorter
   busy timeout makes SQLite's unfair busy handler starve writers for seconds).
+Cache faults never touch the Redis the project is configured with: for them memcheck starts a
+Redis of its own for the run (:class:`~agentmemory.consistency.redis_servers.SentinelGroup`: a
+primary with RDB snapshots, a replica and three sentinels, on free loopback ports) and points the
+store's cache tier at it, with the configured cache's options:
+
 * ``cache-kill``: close the store's Redis connections server-side (``CLIENT KILL ADDR``).
-* ``cache-pause``: ``CLIENT PAUSE`` Redis for longer than the client's socket timeout: every cache
-  call in flight times out, and Redis comes back later with whatever it held.
+* ``cache-pause``: ``CLIENT PAUSE`` the primary for longer than the client's socket timeout: every
+  cache call in flight times out, and Redis comes back later with whatever it held.
+* ``cache-restart``: ``kill -9`` the primary and start it again at once from an older snapshot
+  (taken at the start and after each restart or failover): Redis loses writes it acknowledged.
+* ``cache-failover``: ``kill -9`` the primary; the sentinels promote the replica (whatever it had
+  not received is lost); the old primary rejoins as the new replica.
 
 On a cluster (``--database default,node2,node3``, MariaDB Galera nodes on this machine), two more:
 
@@ -53,7 +62,7 @@ from ..vendors import (
 from .nodes import NodeUnavailable, kill_and_restart, local_node, pause, wait_cluster_synced
 
 DB_FAULTS = ("db-kill", "db-lock")
-CACHE_FAULTS = ("cache-kill", "cache-pause")
+CACHE_FAULTS = ("cache-kill", "cache-pause", "cache-restart", "cache-failover")
 NODE_FAULTS = ("node-kill", "node-pause")
 FAULTS = {"none": (), "db": DB_FAULTS, "cache": CACHE_FAULTS, "all": DB_FAULTS + CACHE_FAULTS}
 #: Seconds a paused node stays stopped, and the timeout memcheck's clients get on a cluster.
@@ -97,17 +106,10 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
                 f"--faults {mode} kills and locks connections, so it runs only against a database "
                 f"on this machine; {database!r} is on {host!r}"
             )
-    if any(k.startswith("cache-") for k in kinds):
-        if cache is None:
-            raise FaultsUnavailable(
-                f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
-            )
-        host = cache.client.connection_pool.connection_kwargs.get("host", "")
-        if host not in LOOPBACK:
-            raise FaultsUnavailable(
-                f"--faults {mode} pauses and disconnects Redis, so it runs only against a Redis "
-                f"on this machine; cache {cache.alias!r} is on {host!r}"
-            )
+    if any(k.startswith("cache-") for k in kinds) and cache is None:
+        raise FaultsUnavailable(
+            f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
+        )
     return kinds
 
 
@@ -128,8 +130,11 @@ class Nemesis:
         seed: int = 0,
         interval: float = 1.0,
         nodes: Iterable[str] = (),
+        redis: Any = None,
     ) -> None:
         self.database, self.cache, self.sessions = database, cache, sessions
+        #: memcheck's own Redis (a SentinelGroup), which the cache faults act on.
+        self.redis = redis
         #: The cluster's other aliases, whose servers the node faults take turns on.
         self.nodes = list(nodes)
         self.kinds = tuple(kinds)
@@ -147,6 +152,7 @@ class Nemesis:
         if not self.kinds:
             self.round_done.set()
         self._admin: Any = None
+        self._admin_port = 0
         self._thread = threading.Thread(target=self._loop, name="memcheck-nemesis", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
@@ -169,7 +175,7 @@ class Nemesis:
         connection_created.disconnect(dispatch_uid=f"nemesis-{id(self)}")
         if "cache-pause" in self.kinds:
             try:
-                self._redis_admin().execute_command("CLIENT", "UNPAUSE")
+                self._redis_primary().execute_command("CLIENT", "UNPAUSE")
             except Exception as exc:  # reported; the run goes on
                 self.errors.append(f"cache-pause: could not unpause: {exc}")
         if self._admin is not None:
@@ -263,7 +269,7 @@ class Nemesis:
         with pool._lock:  # redis-py's pool: the connections it holds, idle and in use
             held = [*pool._available_connections, *pool._in_use_connections]
         sockets = [conn._sock for conn in held if getattr(conn, "_sock", None) is not None]
-        admin, killed = self._redis_admin(), 0
+        admin, killed = self._redis_primary(), 0
         for sock in sockets:
             try:
                 host, port = sock.getsockname()[:2]
@@ -285,21 +291,25 @@ class Nemesis:
         return True
 
     def _cache_pause(self) -> bool:
-        self._redis_admin().execute_command("CLIENT", "PAUSE", int(PAUSE_SECONDS * 1000), "ALL")
+        self._redis_primary().execute_command("CLIENT", "PAUSE", int(PAUSE_SECONDS * 1000), "ALL")
         self._stop.wait(PAUSE_SECONDS)
         return True
 
-    def _redis_admin(self) -> Any:
-        """The nemesis's own Redis connection (outside the store's pool, which it breaks): one
-        per nemesis, closed by :meth:`stop`."""
-        if self._admin is None:
-            import redis
+    def _cache_restart(self) -> bool:
+        self.redis.restart_from_older_snapshot()
+        return True
 
-            pool = self.cache.client.connection_pool
-            kwargs = {**pool.connection_kwargs, "socket_timeout": 5, "socket_connect_timeout": 5}
-            self._admin = redis.Redis(
-                connection_pool=redis.ConnectionPool(
-                    connection_class=pool.connection_class, **kwargs
-                )
-            )
+    def _cache_failover(self) -> bool:
+        self.redis.fail_over()
+        self.redis.rejoin()
+        return True
+
+    def _redis_primary(self) -> Any:
+        """A connection of the nemesis's own (outside the store's pool, which it breaks) to the
+        current primary of memcheck's Redis; closed by :meth:`stop`."""
+        primary, _ = self.redis.current()
+        if self._admin is None or self._admin_port != primary.port:
+            if self._admin is not None:
+                self._admin.close()
+            self._admin, self._admin_port = primary.client(), primary.port
         return self._admin

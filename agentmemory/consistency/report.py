@@ -29,6 +29,11 @@ def render_text(result: RunResult) -> str:
             or ("none injected" if result.faults != "none" else "off")
         )
         + (f"; {len(result.fault_errors)} could not be injected" if result.fault_errors else ""),
+        *(
+            [f"  cache faults ran on {result.redis}; the project's Redis was not touched"]
+            if result.redis
+            else []
+        ),
         "",
         f"  {'operation':<10} {'ok':>7} {'fail':>7} {'info':>7} {'p50 ms':>8} {'p95 ms':>8} "
         f"{'p99 ms':>8} {'max ms':>8}",

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
+from django.conf import settings
 from django.db import connections
+from django.test.utils import override_settings
 
+from ..conf import get_config
 from ..store import MemoryStore
 from .bootstrap import setup_process
 from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
@@ -29,6 +34,7 @@ from .faults import (
 )
 from .history import History, Operation
 from .nodes import client_timeouts
+from .redis_servers import SentinelGroup
 from .state import cached_versions, duplicate_keys, load_state
 from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
 
@@ -48,6 +54,8 @@ class RunResult:
     faults: str = "none"
     faults_injected: dict[str, int] = field(default_factory=dict)
     fault_errors: list[str] = field(default_factory=list)
+    #: With cache faults: the Redis memcheck started for the run (the project's was not touched).
+    redis: str = ""
 
     @property
     def latencies(self) -> dict[str, dict[str, float]]:
@@ -103,6 +111,7 @@ class RunResult:
                 "mode": self.faults,
                 "injected": self.faults_injected,
                 "errors": self.fault_errors,
+                "redis": self.redis,
             },
             "anomalies": [a.as_dict() for a in self.anomalies],
         }
@@ -123,6 +132,44 @@ def make_store(database: str, unsafe: bool) -> MemoryStore:
     if unsafe:
         return MemoryStore(using=database, cache=None, row_lock=False)
     return MemoryStore(using=database)
+
+
+OWN_REDIS_ALIAS = "memcheck-redis"
+#: Options of the project's cache that name its servers: memcheck's own Redis replaces them.
+SERVER_OPTIONS = ("CLIENT_CLASS", "CONNECTION_FACTORY", "SENTINELS", "SENTINEL_KWARGS")
+
+
+@contextmanager
+def own_redis(kinds: tuple[str, ...]) -> Iterator[SentinelGroup | None]:
+    """With cache faults: a Redis of memcheck's own for the run (a primary, a replica, three
+    sentinels on free loopback ports, in a temporary folder), and the cache tier pointed at it
+    with the project's cache options -- so that no fault ever touches the project's Redis."""
+    if not any(kind.startswith("cache-") for kind in kinds):
+        yield None
+        return
+    user = settings.CACHES[get_config()["CACHE"]]
+    options = {k: v for k, v in (user.get("OPTIONS") or {}).items() if k not in SERVER_OPTIONS}
+    with (
+        tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder,
+        SentinelGroup(Path(folder), down_after_ms=3000) as group,
+    ):
+        group.keep_snapshot()
+        options.update(
+            CLIENT_CLASS="django_redis.client.SentinelClient",
+            CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
+            SENTINELS=group.addresses,
+        )
+        cache = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://{group.NAME}/0",
+            "OPTIONS": options,
+            "KEY_PREFIX": "memcheck",
+        }
+        with override_settings(
+            CACHES={**settings.CACHES, OWN_REDIS_ALIAS: cache},
+            AGENTMEMORY={**getattr(settings, "AGENTMEMORY", {}), "CACHE": OWN_REDIS_ALIAS},
+        ):
+            yield group
 
 
 def _process_main(
@@ -232,13 +279,28 @@ def run_memcheck(
     state is read through the first. Raises :class:`FaultsUnavailable` when ``faults`` cannot
     run against this configuration."""
     aliases = [databases] if isinstance(databases, str) else list(databases)
+    if unsafe and faults in ("cache", "all"):
+        raise FaultsUnavailable("--unsafe runs without the cache tier: use --faults db or none")
+    kinds = fault_kinds(faults, aliases[0], make_store(aliases[0], unsafe).cache, aliases[1:])
+    with own_redis(kinds) as redis:
+        return _run(aliases, config, kinds, redis, processes, unsafe, keep, faults, progress)
+
+
+def _run(
+    aliases: list[str],
+    config: WorkloadConfig,
+    kinds: tuple[str, ...],
+    redis: SentinelGroup | None,
+    processes: int,
+    unsafe: bool,
+    keep: bool,
+    faults: str,
+    progress: Progress | None,
+) -> RunResult:
     database, others = aliases[0], aliases[1:]
     run_id = new_run_id()
     stores = [make_store(alias, unsafe) for alias in aliases]
     store = stores[0]
-    if unsafe and faults in ("cache", "all"):
-        raise FaultsUnavailable("--unsafe runs without the cache tier: use --faults db or none")
-    kinds = fault_kinds(faults, database, store.cache, others)
     sessions = session_ids(run_id, config)
     started = time.monotonic()
     retries: Counter[str] = Counter()
@@ -255,7 +317,13 @@ def run_memcheck(
         with timeouts:
             shared = [k for k in kinds if not processes or k not in LOCAL_FAULTS]
             with Nemesis(
-                database, store.cache, shared, sessions=sessions, seed=config.seed, nodes=others
+                database,
+                store.cache,
+                shared,
+                sessions=sessions,
+                seed=config.seed,
+                nodes=others,
+                redis=redis,
             ) as nemesis:
                 if processes:
                     results = _run_processes(aliases, unsafe, run_id, config, processes, kinds)
@@ -304,6 +372,7 @@ def run_memcheck(
         faults=faults,
         faults_injected=dict(injected),
         fault_errors=fault_errors,
+        redis=redis.describe() if redis is not None else "",
     )
 
 
@@ -333,6 +402,7 @@ def _run_processes(
                     alias,
                     connections[alias].settings_dict["NAME"],
                     dict(connections[alias].settings_dict.get("OPTIONS", {})),
+                    {"CACHES": settings.CACHES, "AGENTMEMORY": settings.AGENTMEMORY},
                 ),
             )
             pools.append(pool)

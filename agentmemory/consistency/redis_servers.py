@@ -113,16 +113,20 @@ class RedisServer:
 
 
 class SentinelGroup:
-    """A primary, a replica and three sentinels (quorum 2), on free loopback ports."""
+    """A primary, a replica and three sentinels (quorum 2), on free loopback ports. The roles
+    move with failovers: :meth:`current` asks the sentinels which is which."""
 
-    NAME = "agentmemory"
-
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, down_after_ms: int = 1000) -> None:
         self.directory = Path(directory)
+        self.down_after_ms = down_after_ms
         self.primary = RedisServer(self.directory / "primary")
         self.replica = RedisServer(self.directory / "replica", replica_of=self.primary.port)
         self.sentinel_ports = [free_port() for _ in range(3)]
+        # The service name: one per group, since django-redis keeps a connection pool per
+        # LOCATION (redis://<name>/0) for the life of the process.
+        self.NAME = f"agentmemory-{self.sentinel_ports[0]}"
         self.sentinels: list[subprocess.Popen] = []
+        self._targets: dict[tuple[int, int], int] = {}
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -138,7 +142,7 @@ class SentinelGroup:
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
                 f"sentinel monitor {self.NAME} 127.0.0.1 {self.primary.port} 2\n"
-                f"sentinel down-after-milliseconds {self.NAME} 1000\n"
+                f"sentinel down-after-milliseconds {self.NAME} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.NAME} 10000\n"
             )
             self.sentinels.append(
@@ -160,6 +164,66 @@ class SentinelGroup:
     def primary_port(self) -> int:
         _host, port = self.sentinel_client().sentinel_get_master_addr_by_name(self.NAME)
         return int(port)
+
+    def current(self) -> tuple[RedisServer, RedisServer]:
+        """(primary, replica) as the sentinels see them now."""
+        port = self.primary_port()
+        if port == self.primary.port:
+            return self.primary, self.replica
+        return self.replica, self.primary
+
+    def describe(self) -> str:
+        primary, replica = self.current()
+        return (
+            f"memcheck's own Redis: primary 127.0.0.1:{primary.port}, replica "
+            f"127.0.0.1:{replica.port}, sentinels on {', '.join(map(str, self.sentinel_ports))}"
+        )
+
+    def keep_snapshot(self) -> None:
+        """``SAVE`` on the primary and keep that file aside: the older snapshot that
+        :meth:`restart_from_older_snapshot` brings the primary back from."""
+        primary, _ = self.current()
+        primary.save()
+        shutil.copyfile(primary.directory / "dump.rdb", primary.directory / "older.rdb")
+
+    def restart_from_older_snapshot(self) -> None:
+        """``kill -9`` the primary and start it again at once from the snapshot kept last (older
+        than what it had acknowledged since); wait until it is the primary again with its replica
+        in sync."""
+        primary, replica = self.current()
+        older = primary.directory / "older.rdb"
+        primary.kill()
+        if older.exists():
+            shutil.copyfile(older, primary.directory / "dump.rdb")
+        primary.replica_of = None  # it comes back as the primary it was
+        primary.start()
+        self.wait_until(
+            lambda: self.primary_port() == primary.port and self._in_sync(primary, replica)
+        )
+        self.keep_snapshot()
+
+    def rejoin(self) -> None:
+        """Start the server a failover left dead again, as the replica of the new primary, and
+        wait until it is in sync."""
+        primary, old = self.current()
+        old.replica_of = primary.port
+        old.start()
+        self.wait_until(lambda: self._in_sync(primary, old))
+        self.keep_snapshot()
+
+    def _in_sync(self, primary: RedisServer, replica: RedisServer) -> bool:
+        """The replica is online and has caught up with what the primary had written when the
+        wait began (under load the primary moves on meanwhile: "equal" might never hold)."""
+        info = primary.client().info("replication")
+        target = self._targets.setdefault((primary.port, replica.port), info["master_repl_offset"])
+        replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        caught_up = any(
+            r.get("port") == replica.port and r.get("state") == "online" and r["offset"] >= target
+            for r in replicas
+        )
+        if caught_up:
+            self._targets.pop((primary.port, replica.port), None)
+        return caught_up
 
     def _replica_in_sync(self) -> bool:
         info = self.primary.client().info("replication")
@@ -195,11 +259,12 @@ class SentinelGroup:
     def fail_over(self) -> None:
         """``kill -9`` the primary right now, then wait until the sentinels have promoted the
         replica and it answers as a primary."""
-        self.primary.kill()
+        primary, replica = self.current()
+        primary.kill()
         self.wait_until(
             lambda: (
-                self.primary_port() == self.replica.port
-                and self.replica.client().execute_command("ROLE")[0] == b"master"
+                self.primary_port() == replica.port
+                and replica.client().execute_command("ROLE")[0] == b"master"
             ),
             timeout=60,
         )
