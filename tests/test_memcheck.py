@@ -1,7 +1,6 @@
 """manage.py memcheck: exit 0 on the locked path, 1 with counterexamples on the unlocked one."""
 
 import json
-import re
 from collections import Counter
 
 import pytest
