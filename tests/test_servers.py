@@ -115,10 +115,9 @@ def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(s
     assert record.version == 2
 
 
-def test_lost_commit_acknowledgement_is_not_written_twice(store, monkeypatch):
-    """The COMMIT reached the database but its answer was lost: the store retries, finds its own
-    request id in the history, and returns that version instead of writing another."""
-    store.remember("s", "k", "before")
+def remember_losing_the_first_commit_answer(store, monkeypatch, key, value):
+    """``store.remember`` whose first COMMIT reaches the database but whose answer is lost (the
+    connection drops right after): the store must retry without writing twice."""
     real_commit = connection.commit
     lost = []
 
@@ -130,9 +129,19 @@ def test_lost_commit_acknowledgement_is_not_written_twice(store, monkeypatch):
                 raise lost_connection_error()
 
     monkeypatch.setattr(connection, "commit", commit_then_lose_the_answer)
-    record = store.remember("s", "k", "after")
-    monkeypatch.undo()
-    assert lost and record.version == 2
+    try:
+        return store.remember("s", key, value)
+    finally:
+        monkeypatch.undo()
+        assert lost
+
+
+def test_lost_commit_acknowledgement_is_not_written_twice(store, monkeypatch):
+    """The COMMIT reached the database but its answer was lost: the store retries, finds its own
+    request id in the history, and returns that version instead of writing another."""
+    store.remember("s", "k", "before")
+    record = remember_losing_the_first_commit_answer(store, monkeypatch, "k", "after")
+    assert record.version == 2
     assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "before"), (2, "after")]
 
 
@@ -144,20 +153,8 @@ def test_a_lost_commit_acknowledgement_leaves_no_stale_cache_entry(monkeypatch):
     cached.remember("s", "k", "before")
     cached.recall("s", "k")
     assert cached.recall("s", "k").version == 1 and cached.last_read_source == "cache"
-    real_commit = connection.commit
-    lost = []
-
-    def commit_then_lose_the_answer():
-        real_commit()
-        if not lost:
-            lost.append(True)
-            with connection.wrap_database_errors:
-                raise lost_connection_error()
-
-    monkeypatch.setattr(connection, "commit", commit_then_lose_the_answer)
-    record = cached.remember("s", "k", "after")
-    monkeypatch.undo()
-    assert lost and record.version == 2
+    record = remember_losing_the_first_commit_answer(cached, monkeypatch, "k", "after")
+    assert record.version == 2
     assert (cached.recall("s", "k").version, cached.recall("s", "k").value) == (2, "after")
 
 
