@@ -5,11 +5,6 @@ Tests that break Redis start their own redis-server on a free port."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -18,6 +13,7 @@ from django.db import transaction
 
 from agentmemory import MemoryStore, clock
 from agentmemory.cache import entry_version
+from agentmemory.consistency.redis_servers import RedisServer
 
 from .conftest import redis_alias, run_threads
 
@@ -29,67 +25,9 @@ def cached() -> MemoryStore:
     return MemoryStore(cache=redis_alias())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server of this test's own, which the test may pause, stop or restart."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="agentmemory-redis-")
-        self.args = args
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-                *self.args,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def pause(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.resume()
-            self.process.terminate()
-            self.process.wait(5)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-
 @pytest.fixture
-def own_redis(settings):
-    server = RedisServer()
+def own_redis(settings, tmp_path):
+    server = RedisServer(tmp_path / "redis")
     server.start()
     settings.CACHES = {
         **settings.CACHES,
@@ -318,8 +256,10 @@ def test_paused_redis_resumed_with_old_contents_serves_no_stale_read(own_redis):
     assert store.cache.stats["pending_recorded"] >= 1
 
 
-def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings):
-    server = RedisServer("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings, tmp_path):
+    server = RedisServer(
+        tmp_path / "tiny", extra=("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+    )
     server.start()
     try:
         settings.CACHES = {
@@ -372,3 +312,31 @@ def test_two_databases_sharing_one_redis_never_read_each_others_entries():
     assert b.last_read_source == "cache"  # B's own entry, not A's
     assert (a.recall("s", "k").version, a.recall("s", "k").value) == (5, "from-a-4")
     assert a.cache.prefix != b.cache.prefix
+
+
+def test_the_put_script_never_rolls_an_entry_back_whatever_the_order(cached):
+    """After-commit updates arriving out of order (a slow writer's behind a faster one's), a
+    late fill, and a tombstone: Redis ends at the newest version each time."""
+    from datetime import UTC, datetime
+
+    from agentmemory import MemoryRecord
+
+    cache, now = cached.cache, datetime.now(UTC)
+
+    def record(version):
+        return MemoryRecord("s", "k", f"v{version}", version, now, now, None)
+
+    def cached_version():
+        return entry_version(cache.client.get(cache.entry_key("s", "k")))
+
+    cache.written("s", {"k": (record(3), 3)})
+    cache.written("s", {"k": (record(2), 2)})  # the slower writer's update, late
+    assert cached_version() == 3 and cache.stats["stale_rejected"] == 1
+    cache.written("s", {"k": (record(3), 3)})  # the same version again: nothing changes
+    assert cached_version() == 3
+    assert cache.writing("s", {"k": 4})  # a write of v4 is committing: a tombstone
+    assert cached_version() is None
+    cache.written("s", {"k": (record(3), 3)})  # older than the tombstone: rejected
+    assert cached_version() is None
+    cache.written("s", {"k": (record(4), 4)})  # the committed version replaces it
+    assert cached_version() == 4

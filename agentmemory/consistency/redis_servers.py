@@ -40,12 +40,14 @@ class RedisServer:
         appendonly: bool = False,
         replica_of: int | None = None,
         port: int | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.replica_of = replica_of
+        self.extra = extra  # more redis-server arguments ("--maxmemory", "2mb", ...)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -70,6 +72,7 @@ class RedisServer:
         ]  # fmt: skip
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        args += self.extra
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
@@ -102,7 +105,18 @@ class RedisServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def pause(self) -> None:
+        """``SIGSTOP``: the server holds its connections and answers nothing."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
         self.kill()
 
     def __enter__(self) -> RedisServer:
