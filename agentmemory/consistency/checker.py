@@ -211,7 +211,8 @@ def _check_cas(op: Operation, by_version: dict[int, StoredVersion], report: Any)
 
 
 def _check_lists(key: str, ops: list[Operation], stored: StoredKey, report: Any) -> None:
-    if not key.startswith("list-") or not stored.versions:
+    # A list is a key written by appends (whatever its name): every read reveals the order.
+    if not stored.versions or not any(op.kind == "append" for op in ops):
         return
     final = [token_of(item) for item in (stored.versions[-1].value or [])]
     position = {token: i for i, token in enumerate(final)}
