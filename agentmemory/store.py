@@ -28,6 +28,8 @@ from .vendors import prefix_filter
 from .writes import Change, WritePath, default_ttl
 
 T = TypeVar("T")
+#: The largest page ``history(limit=...)`` returns.
+HISTORY_PAGE_MAX = 10_000
 _CACHE_FROM_SETTINGS: Any = object()
 
 
@@ -337,16 +339,38 @@ class MemoryStore:
             rows[key] = (version, record)
         return [(key, *rows.get(key, (0, None))) for key in keys]
 
-    def history(self, session_id: str, key: str) -> list[MemoryVersionRecord]:
-        """Every version of ``(session_id, key)``, oldest first; [] if it never existed."""
+    def history(
+        self,
+        session_id: str,
+        key: str,
+        *,
+        limit: int | None = None,
+        before_version: int | None = None,
+    ) -> list[MemoryVersionRecord]:
+        """The versions of ``(session_id, key)``; [] if it never existed.
+
+        Without arguments: every version, oldest first -- its cost grows with the history (a
+        key updated every few seconds has a million versions after a month). To page through
+        it, pass ``limit`` (1 to 10,000): the newest ``limit`` versions, **newest first**; then
+        ``before_version=`` the last version of that page for the next one (a keyset over the
+        ``(memory, version)`` index: every page costs the same, however deep); ``before_version``
+        alone gives a page of 100. Versions written meanwhile never shift a later page."""
         session_id, key = self._check_ids(session_id, key)
-        rows = (
-            MemoryVersion.objects.using(self.using)
-            .filter(memory__session_id=session_id, memory__key=key)
-            .order_by("version")
-            .values_list("version", "op", "value", "created_at", "expires_at")
+        rows = MemoryVersion.objects.using(self.using).filter(
+            memory__session_id=session_id, memory__key=key
         )
-        return self._reading(lambda: [MemoryVersionRecord(*row) for row in rows])
+        fields = ("version", "op", "value", "created_at", "expires_at")
+        if limit is None and before_version is None:
+            ordered = rows.order_by("version").values_list(*fields)
+            return self._reading(lambda: [MemoryVersionRecord(*row) for row in ordered])
+        limit = validation.check_version(
+            "limit", 100 if limit is None else limit, minimum=1, maximum=HISTORY_PAGE_MAX
+        )
+        if before_version is not None:
+            before_version = validation.check_version("before_version", before_version, minimum=1)
+            rows = rows.filter(version__lt=before_version)
+        page = rows.order_by("-version").values_list(*fields)[:limit]
+        return self._reading(lambda: [MemoryVersionRecord(*row) for row in page])
 
     # ------------------------------------------------------------------ async twins
 
@@ -374,8 +398,8 @@ class MemoryStore:
     async def aforget(self, session_id: str, key: str, **kwargs: Any) -> bool:
         return await sync_to_async(self.forget)(session_id, key, **kwargs)
 
-    async def ahistory(self, session_id: str, key: str) -> list[MemoryVersionRecord]:
-        return await sync_to_async(self.history)(session_id, key)
+    async def ahistory(self, session_id: str, key: str, **kwargs: Any) -> list[MemoryVersionRecord]:
+        return await sync_to_async(self.history)(session_id, key, **kwargs)
 
     async def arevert(self, session_id: str, key: str, version: int, **kwargs: Any) -> MemoryRecord:
         return await sync_to_async(self.revert)(session_id, key, version, **kwargs)

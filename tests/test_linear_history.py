@@ -1,8 +1,10 @@
 """Semantic 1: versions 1, 2, 3, ... with no gap and no reuse, across forget, expiry and revert."""
 
+import asyncio
+
 import pytest
 
-from agentmemory import clock
+from agentmemory import InvalidMemory, clock
 
 pytestmark = pytest.mark.django_db
 
@@ -88,3 +90,56 @@ def test_failed_write_leaves_no_version(store):
         store.update("s", "k", boom)
     assert ops_of(store) == [(1, "write")]
     assert store.remember("s", "k", "b").version == 2
+
+
+def test_history_pages_newest_first_by_version_and_covers_everything_once(store):
+    for i in range(25):
+        store.remember("s", "k", i)
+    store.forget("s", "k")
+    pages, before = [], None
+    while page := store.history("s", "k", limit=10, before_version=before):
+        pages.append([h.version for h in page])
+        before = page[-1].version
+    assert pages == [list(range(26, 16, -1)), list(range(16, 6, -1)), list(range(6, 0, -1))]
+    assert [h.version for h in store.history("s", "k")] == list(range(1, 27))  # unchanged
+    first = store.history("s", "k", limit=1)[0]
+    assert (first.version, first.op) == (26, "forget")
+
+
+def test_a_history_page_is_not_shifted_by_versions_written_meanwhile(store):
+    for i in range(5):
+        store.remember("s", "k", i)
+    page = store.history("s", "k", limit=2)
+    for i in range(3):
+        store.remember("s", "k", f"new {i}")  # v6..v8 arrive while the reader pages
+    following = store.history("s", "k", limit=2, before_version=page[-1].version)
+    assert [h.version for h in page + following] == [5, 4, 3, 2]
+    assert len(store.history("s", "k", before_version=3)) == 2  # a page of up to 100
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 10_001}, "limit"),
+        ({"limit": "5"}, "limit"),
+        ({"before_version": 0}, "before_version"),
+        ({"limit": 5, "before_version": "x"}, "before_version"),
+    ],
+)
+def test_bad_history_pages_are_refused(store, arguments, field):
+    store.remember("s", "k", 1)
+    with pytest.raises(InvalidMemory) as error:
+        store.history("s", "k", **arguments)
+    assert error.value.field == field
+
+
+@pytest.mark.django_db(transaction=True)
+def test_history_pages_have_an_async_twin(store):
+    for i in range(3):
+        store.remember("s", "k", i)
+
+    async def main():
+        return await store.ahistory("s", "k", limit=2)
+
+    assert [h.version for h in asyncio.run(main())] == [3, 2]

@@ -194,9 +194,11 @@ class AgentMemoryStore(BaseStore):
             record = self.store.recall(session_of(namespace), key)
         return record.version if record else 0
 
-    def history(self, namespace: tuple[str, ...], key: str) -> list[Any]:
+    def history(self, namespace: tuple[str, ...], key: str, **page: Any) -> list[Any]:
+        """The item's versions: all, oldest first; or a page, newest first (``limit``,
+        ``before_version``), as :meth:`agentmemory.MemoryStore.history`."""
         with self._released("history"):
-            return self.store.history(session_of(namespace), key)
+            return self.store.history(session_of(namespace), key, **page)
 
     async def aput_if_version(self, *args: Any, **kwargs: Any) -> int:
         return await sync_to_async(self.put_if_version)(*args, **kwargs)
@@ -207,8 +209,8 @@ class AgentMemoryStore(BaseStore):
     async def aversion_of(self, namespace: tuple[str, ...], key: str) -> int:
         return await sync_to_async(self.version_of)(namespace, key)
 
-    async def ahistory(self, namespace: tuple[str, ...], key: str) -> list[Any]:
-        return await sync_to_async(self.history)(namespace, key)
+    async def ahistory(self, namespace: tuple[str, ...], key: str, **page: Any) -> list[Any]:
+        return await sync_to_async(self.history)(namespace, key, **page)
 
     # ---------------------------------------------------------------- operations
 
