@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import AgentMemoryError, InvalidMemory, MemoryUnavailable, VersionConflict
+from .errors import (
+    AgentMemoryError,
+    InvalidMemory,
+    MemoryUnavailable,
+    VersionConflict,
+    VersionPruned,
+)
 from .records import MemoryRecord, MemoryVersionRecord
 
 if TYPE_CHECKING:
@@ -18,6 +24,7 @@ __all__ = [
     "MemoryUnavailable",
     "MemoryVersionRecord",
     "VersionConflict",
+    "VersionPruned",
 ]
 
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from .conf import DEFAULTS, RETRY_KEYS, get_config
+from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, get_config
 from .errors import InvalidMemory
 from .validation import check_ttl
 from .vendors import flavor, galera_status, is_galera
@@ -38,6 +38,28 @@ def _check_retry(retry: dict[str, Any]) -> list[Error]:
     ]
 
 
+def _check_retention(user: dict[str, Any], retention: dict[str, Any]) -> list[Error]:
+    """E016: the history retention policy."""
+    problems = [f"unknown setting {name!r}" for name in sorted(set(user) - RETENTION_KEYS)]
+    keep_last, keep_days = retention["KEEP_LAST"], retention["KEEP_DAYS"]
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        problems.append(f"KEEP_LAST is {keep_last!r}: an int >= 1, or None")
+    if keep_days is not None and (
+        isinstance(keep_days, bool) or not isinstance(keep_days, int | float) or keep_days <= 0
+    ):
+        problems.append(f"KEEP_DAYS is {keep_days!r}: days > 0, or None")
+    return [
+        Error(
+            f"AGENTMEMORY['HISTORY_RETENTION']: {problem}.",
+            hint="KEEP_LAST (versions per memory) and KEEP_DAYS (days); None keeps everything.",
+            id="agentmemory.E016",
+        )
+        for problem in problems
+    ]
+
+
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     user = getattr(settings, "AGENTMEMORY", {}) or {}
@@ -60,6 +82,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         )
     config = get_config()
     errors += _check_retry(config["RETRY"])
+    errors += _check_retention(user.get("HISTORY_RETENTION") or {}, config["HISTORY_RETENTION"])
     if config["DATABASE"] not in settings.DATABASES:
         errors.append(
             Error(

@@ -34,6 +34,10 @@ DEFAULTS: dict[str, Any] = {
     # pending invalidations and the fence wait. Off only to show that memcheck catches what it
     # prevents (system check E014).
     "CACHE_PROTECTION": True,
+    # History retention, applied by `manage.py prunehistory` / `store.prune_history()`: keep the
+    # newest KEEP_LAST versions of each memory and/or those younger than KEEP_DAYS days (a
+    # version is kept if either rule keeps it; the newest is always kept). None: keep everything.
+    "HISTORY_RETENTION": {"KEEP_LAST": None, "KEEP_DAYS": None},
     # Largest encoded JSON value accepted, in bytes.
     "MAX_VALUE_BYTES": 1024 * 1024,
     # Deadlocks, serialization failures, lock timeouts and lost connections are retried
@@ -44,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])
+RETENTION_KEYS = frozenset(DEFAULTS["HISTORY_RETENTION"])
 
 
 @cache
@@ -51,6 +56,10 @@ def get_config() -> dict[str, Any]:
     user = getattr(settings, "AGENTMEMORY", {}) or {}
     config = {**DEFAULTS, **user}
     config["RETRY"] = {**DEFAULTS["RETRY"], **(user.get("RETRY") or {})}
+    config["HISTORY_RETENTION"] = {
+        **DEFAULTS["HISTORY_RETENTION"],
+        **(user.get("HISTORY_RETENTION") or {}),
+    }
     return config
 
 

@@ -29,6 +29,21 @@ class InvalidMemory(AgentMemoryError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
+class VersionPruned(AgentMemoryError, LookupError):
+    """The version asked for was removed by the history retention policy (``prune_history``);
+    the history is kept from ``kept_from`` on."""
+
+    def __init__(self, session_id: str, key: str, *, version: int, kept_from: int) -> None:
+        self.session_id = session_id
+        self.key = key
+        self.version = version
+        self.kept_from = kept_from
+        super().__init__(
+            f"version {version} of ({session_id!r}, {key!r}) was pruned: the history is kept "
+            f"from version {kept_from}"
+        )
+
+
 class MemoryUnavailable(AgentMemoryError):
     """The database stayed unreachable (or kept failing transiently) after every retry."""
 

@@ -51,6 +51,10 @@ class Memory(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True)
+    # The lowest version still in the history: versions below it were pruned (retention).
+    # "No gap" means no gap from here to ``version``.
+    # A database default too: rows inserted by SQL of one's own (bulk loads) start at 1.
+    history_from = models.PositiveBigIntegerField(default=1, db_default=1)
 
     objects = MemoryQuerySet.as_manager()
 

@@ -73,6 +73,8 @@ class Statements:
     lock: str
     # The same row without a lock (the unsafe seam's read).
     read_row: str
+    # A row's version and history watermark by id, locked (history retention).
+    lock_by_id: str
     update_row: str
     insert_version: str
     # Every version, then every row, of one session.
@@ -93,6 +95,8 @@ def _build(json_param: str, quote_key: str, select_for_update: bool) -> Statemen
         quote_key=quote_key,
         lock=plain + (" FOR UPDATE" if select_for_update else ""),
         read_row=plain,
+        lock_by_id=f"SELECT version, history_from FROM {memory} WHERE id = %s"
+        + (" FOR UPDATE" if select_for_update else ""),
         update_row=(
             f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
             "created_at = %s, updated_at = %s, expires_at = %s WHERE id = %s"

@@ -19,7 +19,7 @@ from django.db import connections, transaction
 from . import clock, validation
 from .cache import MemoryCache
 from .conf import get_config
-from .errors import InvalidMemory
+from .errors import InvalidMemory, VersionPruned
 from .models import Memory, MemoryState, MemoryVersion, Op, is_live
 from .records import MemoryRecord, MemoryVersionRecord
 from .retries import Retrier
@@ -223,6 +223,52 @@ class MemoryStore:
             if len(due) < batch:
                 return purged
 
+    def prune_history(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_days: float | None = None,
+        batch: int = 1000,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """Apply the history retention policy to every memory: keep the newest ``keep_last``
+        versions and/or those younger than ``keep_days`` days (a version either rule keeps is
+        kept; the newest always is); both None: ``AGENTMEMORY["HISTORY_RETENTION"]``, and if that
+        keeps everything, nothing happens. Version numbers never restart: the live row records
+        the lowest version kept (``history_from``), and ``recall(version=)``/``revert`` of a
+        pruned version raise :class:`VersionPruned`. One memory at a time under its row lock, so
+        it runs beside live writers; resumable (it only ever removes what the policy drops).
+        Returns the number of versions removed (or, with ``dry_run``, that would be).
+        ``progress(done, total)`` is called after each batch of memories."""
+        policy = get_config()["HISTORY_RETENTION"]
+        if keep_last is None and keep_days is None:
+            keep_last, keep_days = policy["KEEP_LAST"], policy["KEEP_DAYS"]
+        if keep_last is not None:
+            keep_last = validation.check_version("keep_last", keep_last, minimum=1)
+        if keep_days is not None:
+            keep_days = validation.check_days("keep_days", keep_days)
+        batch = validation.check_version("batch", batch, minimum=1, maximum=validation.BATCH_MAX)
+        if keep_last is None and keep_days is None:
+            return 0
+        total = self._memories().count()
+        pruned, done, after = 0, 0, 0
+        while True:
+            ids = list(
+                self._memories()
+                .filter(id__gt=after)
+                .order_by("id")
+                .values_list("id", flat=True)[:batch]
+            )
+            for memory_id in ids:
+                pruned += self._writes.prune(memory_id, keep_last, keep_days, dry_run=dry_run)
+            done += len(ids)
+            if progress is not None:
+                progress(done, total)
+            if len(ids) < batch:
+                return pruned
+            after = ids[-1]
+
     def erase_session(self, session_id: str) -> int:
         """Delete every row and every version of the session, irreversibly: for data-erasure
         requests and throw-away sessions (memcheck's). Returns the number of memories deleted."""
@@ -423,12 +469,24 @@ class MemoryStore:
             .first()
         )
         if old is None:
+            self._check_not_pruned(session_id, key, version)
             raise InvalidMemory("version", f"({session_id!r}, {key!r}) has no version {version}")
         if old[0] not in (Op.WRITE, Op.REVERT):
             raise InvalidMemory(
                 "version", f"version {version} is a {old[0]}; it holds no value to revert to"
             )
         return old[1]
+
+    def _check_not_pruned(self, session_id: str, key: str, version: int) -> None:
+        """A version that is not in the history: pruned (a clear answer), or never written."""
+        kept_from = (
+            self._memories()
+            .filter(session_id=session_id, key=key)
+            .values_list("history_from", flat=True)
+            .first()
+        )
+        if kept_from is not None and version < kept_from:
+            raise VersionPruned(session_id, key, version=version, kept_from=kept_from)
 
     def _reading(self, work: Callable[[], T]) -> T:
         """Run a read, retried like a write when its connection drops or a lock times out (a
@@ -451,6 +509,7 @@ class MemoryStore:
             .first()
         )
         if found is None:
+            self._check_not_pruned(session_id, key, version)
             return None
         value, created, expires, memory_created = found
         if expires is not None and expires <= clock.now():

@@ -110,6 +110,15 @@ def check_ttl(ttl: Any) -> timedelta | None:
     return timedelta(seconds=seconds)
 
 
+def check_days(field: str, days: Any) -> float:
+    """A number of days, > 0 and at most 100 years."""
+    if isinstance(days, bool) or not isinstance(days, int | float):
+        raise InvalidMemory(field, f"must be a number of days, got {_short(days)}")
+    if math.isnan(days) or not 0 < days <= TTL_MAX_SECONDS / 86400:
+        raise InvalidMemory(field, f"must be > 0 and at most 36500 days, got {_short(days)}")
+    return float(days)
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

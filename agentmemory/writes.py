@@ -184,6 +184,7 @@ class WritePath:
                 "session_id": session_id,
                 "key": key,
                 "version": 0,
+                "history_from": 1,
                 "state": MemoryState.FORGOTTEN,
                 "created_at": now,
                 "updated_at": now,
@@ -257,6 +258,51 @@ class WritePath:
     def _check_cas(self, session_id: str, key: str, change: Change, *, actual: int) -> None:
         if change.expected_version is not None and change.expected_version != actual:
             raise VersionConflict(session_id, key, expected=change.expected_version, actual=actual)
+
+    # ------------------------------------------------------------------ retention
+
+    def prune(
+        self, memory_id: int, keep_last: int | None, keep_days: float | None, *, dry_run: bool
+    ) -> int:
+        """Under the memory's row lock, delete the versions that neither rule keeps -- never the
+        newest -- and raise ``history_from`` past them. Returns how many versions go (or would
+        go, with ``dry_run``). Writers of that memory wait for the lock a moment; others never."""
+
+        def attempt(_retry: bool) -> int:
+            connection = connections[self.using]
+            with connection.cursor() as cursor:
+                cursor.execute(statements_for(connection).lock_by_id, [memory_id])
+                found = cursor.fetchone()
+            if found is None or not found[0]:  # gone, or a placeholder (version 0)
+                return 0
+            newest, kept_from = found
+            cutoff = newest
+            if keep_last is not None:
+                cutoff = min(cutoff, newest - keep_last + 1)
+            if keep_days is not None:
+                since = clock.now() - timedelta(days=keep_days)
+                young = (
+                    MemoryVersion.objects.using(self.using)
+                    .filter(memory_id=memory_id, version__gte=kept_from, created_at__gte=since)
+                    .order_by("version")
+                    .values_list("version", flat=True)
+                    .first()
+                )
+                by_age = newest if young is None else young
+                # Kept if either rule keeps it: the lower of the two cutoffs.
+                cutoff = by_age if keep_last is None else min(cutoff, by_age)
+            if cutoff <= kept_from:
+                return 0
+            doomed = MemoryVersion.objects.using(self.using).filter(
+                memory_id=memory_id, version__lt=cutoff
+            )
+            if dry_run:
+                return doomed.count()
+            pruned = doomed.delete()[0]
+            Memory.objects.using(self.using).filter(id=memory_id).update(history_from=cutoff)
+            return pruned
+
+        return self.retrier.run(lambda retry: self._atomic(attempt, retry))
 
 
 _LOCKED: Any = object()

@@ -37,6 +37,8 @@ for backend in $BACKENDS; do
     continue
   fi
   echo "== pytest on $backend (${URLS[$backend]})"
+  # No test database file of an earlier run (nor its journal or WAL) may meet a new one.
+  rm -f test_agentmemory*.sqlite3* examples/agent_backend/test_agent_backend*.sqlite3*
   log=$(mktemp)
   # Redis database 15 is the suite's own: the cache tests clear it.
   REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q "$@" 2>&1 | tee "$log"

@@ -329,3 +329,12 @@ def test_the_admin_reads_and_writes_the_configured_database(admin_client, settin
     )
     admin_client.post(reverse("admin:agentmemory_memory_forget", args=[pk]), {"loaded_version": 2})
     assert other.recall("s", "k") is None and default.recall("s", "k").version == 1
+
+
+def test_a_memorys_page_says_where_its_pruned_history_starts(admin_client, agent):
+    for i in range(5):
+        agent.remember("s", "k", i)
+    agent.prune_history(keep_last=2)
+    page = admin_client.get(change_url(memory())).content.decode()
+    assert "versions before v4 were pruned" in page
+    assert 'id="am-version-5"' in page and 'id="am-version-3"' not in page

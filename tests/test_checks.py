@@ -109,3 +109,12 @@ def test_cache_protection_off_and_a_sharded_cache_are_errors(settings):
     }
     settings.AGENTMEMORY = {"CACHE": "sharded", "CACHE_PROTECTION": False}
     assert sorted(ids(check_settings())) == ["agentmemory.E014", "agentmemory.E015"]
+
+
+@pytest.mark.parametrize(
+    "retention",
+    [{"KEEP_LAST": 0}, {"KEEP_LAST": "5"}, {"KEEP_DAYS": 0}, {"KEEP_DAYS": True}, {"KEEP": 5}],
+)
+def test_bad_history_retention_is_an_error(settings, retention):
+    settings.AGENTMEMORY = {"HISTORY_RETENTION": retention}
+    assert ids(check_settings()) == ["agentmemory.E016"]

@@ -32,6 +32,11 @@ def example_env() -> dict[str, str]:
 
 
 def run_example(*args: str) -> subprocess.CompletedProcess:
+    # A run that ended with a transaction open leaves a hot journal (or WAL) beside its test
+    # database; a new database of the same name would then be rolled back against it ("disk I/O
+    # error"). Each run starts from no file at all.
+    for stale in EXAMPLE.glob("test_agent_backend*.sqlite3*"):
+        stale.unlink()
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *args],
         cwd=EXAMPLE,

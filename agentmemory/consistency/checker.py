@@ -19,7 +19,7 @@ from .state import StoredKey, StoredVersion
 #: Every check, in report order, with what it proves.
 CHECKS = {
     "lost-update": "every acknowledged write is exactly one version holding its value",
-    "version-gap": "versions are 1, 2, 3, ... with no gap and no duplicate",
+    "version-gap": "versions are 1, 2, 3, ... (from the retention watermark) with no gap or duplicate",
     "live-row": "the live row's version equals the newest history version",
     "duplicate-row": "one row per (session_id, key)",
     "phantom-write": "every stored version was written by an acknowledged or indeterminate call",
@@ -83,9 +83,12 @@ def audit_key(session_id: str, key: str, stored: StoredKey) -> list[Anomaly]:
     """The invariants that hold for any stored data, whatever wrote it."""
     anomalies = []
     numbers = [v.version for v in stored.versions]
-    if numbers != list(range(1, len(numbers) + 1)):
+    # No gap above the retention watermark: versions below kept_from were pruned, not lost.
+    first = stored.kept_from
+    if numbers != list(range(first, first + len(numbers))):
+        kept = f" (kept from v{first})" if first > 1 else ""
         anomalies.append(
-            Anomaly("version-gap", session_id, key, f"history versions are {_span(numbers)}")
+            Anomaly("version-gap", session_id, key, f"history versions are {_span(numbers)}{kept}")
         )
     newest = numbers[-1] if numbers else 0
     if stored.rows and stored.live_version != newest:

@@ -29,7 +29,10 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Writers queue on BEGIN IMMEDIATE instead of failing (agentmemory check W001).
     DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_agent_backend.sqlite3")}
+    # A test database file of this run's own: a run never meets another run's file or journal.
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(BASE_DIR / f"test_agent_backend_{os.getpid()}.sqlite3")
+    }
 elif DATABASES["default"]["ENGINE"].endswith("mysql"):
     # READ COMMITTED, as agentmemory recommends (check W002); utf8mb4 for any text.
     DATABASES["default"]["OPTIONS"] = {"isolation_level": "read committed", "charset": "utf8mb4"}

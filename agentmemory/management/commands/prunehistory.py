@@ -1,0 +1,60 @@
+"""``manage.py prunehistory``: apply the history retention policy, in batches, beside live
+writers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...errors import InvalidMemory
+from ...store import MemoryStore
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove old history versions: keep the newest --keep-last versions of each memory and/or "
+        "those younger than --keep-days days (default: AGENTMEMORY['HISTORY_RETENTION']). The "
+        "newest version is always kept; version numbers never restart. One memory at a time "
+        "under its row lock: safe beside live writers, and resumable."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--database", default=None, help="database alias")
+        parser.add_argument("--keep-last", type=int, default=None, metavar="N")
+        parser.add_argument("--keep-days", type=float, default=None, metavar="D")
+        parser.add_argument("--batch", type=int, default=1000, help="memories per batch")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="count what would go; change nothing"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        store = MemoryStore(using=options["database"], cache=None)
+        started = time.monotonic()
+        tty = bool(getattr(self.stderr._out, "isatty", lambda: False)())
+
+        def progress(done: int, total: int) -> None:
+            share = done / total if total else 1.0
+            bar = "#" * int(share * 30) + "." * (30 - int(share * 30))
+            line = f"prunehistory [{bar}] {share:4.0%} {done}/{total} memories"
+            self.stderr.write(("\r" + line) if tty else line, ending="" if tty else "\n")
+
+        try:
+            pruned = store.prune_history(
+                keep_last=options["keep_last"],
+                keep_days=options["keep_days"],
+                batch=options["batch"],
+                dry_run=options["dry_run"],
+                progress=progress,
+            )
+        except InvalidMemory as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        if tty:
+            sys.stderr.write("\n")
+        verb = "would remove" if options["dry_run"] else "removed"
+        self.stdout.write(
+            f"prunehistory on {store.using!r}: {verb} {pruned} versions "
+            f"in {time.monotonic() - started:.1f} s"
+        )
