@@ -231,6 +231,7 @@ class MemoryStore:
         batch: int = 1000,
         dry_run: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        session_id: str | None = None,
     ) -> int:
         """Apply the history retention policy to every memory: keep the newest ``keep_last``
         versions and/or those younger than ``keep_days`` days (a version either rule keeps is
@@ -240,7 +241,8 @@ class MemoryStore:
         pruned version raise :class:`VersionPruned`. One memory at a time under its row lock, so
         it runs beside live writers; resumable (it only ever removes what the policy drops).
         Returns the number of versions removed (or, with ``dry_run``, that would be).
-        ``progress(done, total)`` is called after each batch of memories."""
+        ``progress(done, total)`` is called after each batch of memories; ``session_id`` limits
+        it to one session's memories."""
         policy = get_config()["HISTORY_RETENTION"]
         if keep_last is None and keep_days is None:
             keep_last, keep_days = policy["KEEP_LAST"], policy["KEEP_DAYS"]
@@ -251,14 +253,14 @@ class MemoryStore:
         batch = validation.check_version("batch", batch, minimum=1, maximum=validation.BATCH_MAX)
         if keep_last is None and keep_days is None:
             return 0
-        total = self._memories().count()
+        memories = self._memories()
+        if session_id is not None:
+            memories = memories.filter(session_id=validation.check_session_id(session_id))
+        total = memories.count()
         pruned, done, after = 0, 0, 0
         while True:
             ids = list(
-                self._memories()
-                .filter(id__gt=after)
-                .order_by("id")
-                .values_list("id", flat=True)[:batch]
+                memories.filter(id__gt=after).order_by("id").values_list("id", flat=True)[:batch]
             )
             for memory_id in ids:
                 pruned += self._writes.prune(memory_id, keep_last, keep_days, dry_run=dry_run)

@@ -125,3 +125,11 @@ def test_the_settings_policy_applies_and_bad_values_are_refused(store, settings)
     for bad in ({"keep_last": 0}, {"keep_days": -1}, {"keep_days": "7"}):
         with pytest.raises(InvalidMemory):
             store.prune_history(**bad)
+
+
+def test_prune_can_be_limited_to_one_session(store):
+    for session_id in ("a", "b"):
+        for i in range(4):
+            store.remember(session_id, "k", i)
+    assert store.prune_history(keep_last=1, session_id="a") == 3
+    assert [h.version for h in store.history("b", "k")] == [1, 2, 3, 4]
