@@ -211,6 +211,32 @@ def write(rows: list[dict], columns: list[str]) -> None:
     axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(docs / f"history-scale-{vendor}.png", dpi=110)
+    summary(docs)
+
+
+def summary(docs: Path) -> None:
+    """docs/history-scale.md: the table of every backend measured so far (bench/run.py puts it
+    into docs/benchmarks.md)."""
+    parts = [
+        "`bench/history_scale.py`: one key's history bulk-loaded to each size (a session of a "
+        "tenth as many keys), then the median of 7 calls of each operation, milliseconds. "
+        "Each figure should stay flat as the history grows.\n"
+    ]
+    for path in sorted(docs.glob("history-scale-*.json")):
+        rows = json.loads(path.read_text())
+        vendor = path.stem.removeprefix("history-scale-")
+        columns = list(rows[0])[1:]
+        parts += [
+            f"\n### {vendor}\n",
+            "| versions | " + " | ".join(columns) + " |",
+            "|---|" + "---|" * len(columns),
+            *(
+                f"| {row['versions']:,} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |"
+                for row in rows
+            ),
+            f"\n![{vendor}](history-scale-{vendor}.png)",
+        ]
+    (docs / "history-scale.md").write_text("\n".join(parts) + "\n")
 
 
 if __name__ == "__main__":

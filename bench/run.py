@@ -520,6 +520,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{row['seconds']} s | {row['anomalies']} |"
             )
     lines += ["", "![ratios](benchmarks.png)", ""]
+    scale = ROOT / "docs" / "history-scale.md"  # bench/history_scale.py --write
+    if scale.exists():
+        lines += ["", "## Costs as history grows", "", scale.read_text()]
     return "\n".join(lines)
 
 

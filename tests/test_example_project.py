@@ -18,6 +18,9 @@ def example_env() -> dict[str, str]:
     """This run's server, but a database of the example's own (its test database is
     test_agent_backend, never this suite's)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    # This suite's settings module is in the environment (pytest-django puts it there), and it
+    # would win over the example's own: the example would then run on this suite's test database.
+    env["DJANGO_SETTINGS_MODULE"] = "agent_backend.settings"
     # A cluster's URL lists every node: the example project is a one-database project, on node 1.
     url = cluster_urls(os.environ.get("DATABASE_URL", ""))[0]
     if url and not url.startswith("sqlite"):
@@ -55,8 +58,8 @@ def test_the_example_project_passes_with_the_plugin():
 
 def test_the_example_project_catches_an_unlocked_writer():
     result = run_example("-p", "no:agentmemory", "-p", "unlocked_memory_plugin")
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "FAILED tests/test_agent_memory.py::test_parallel_preference_updates_are_all_kept" in (
-        result.stdout
-    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    wanted = "FAILED tests/test_agent_memory.py::test_parallel_preference_updates_are_all_kept"
+    assert wanted in result.stdout, output
     assert "3 passed" in result.stdout  # the other tests do not depend on the lock

@@ -122,6 +122,8 @@ class Command(BaseCommand):
         self._run(aliases, options)
 
     def _check_ready(self, database: str) -> None:
+        # A fresh connection: one left from before (a node restarted since) would fail here.
+        connections[database].close()
         try:
             executor = MigrationExecutor(connections[database])
             unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes("agentmemory"))
