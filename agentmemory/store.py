@@ -416,9 +416,29 @@ class MemoryStore:
         )
         if before_version is not None:
             before_version = validation.check_version("before_version", before_version, minimum=1)
-            rows = rows.filter(version__lt=before_version)
-        page = rows.order_by("-version").values_list(*fields)[:limit]
-        return self._reading(lambda: [MemoryVersionRecord(*row) for row in page])
+
+        def read_page() -> list[MemoryVersionRecord]:
+            # The memory's id first (the unique index): the page is then a range of the
+            # (memory, version) index from a constant memory -- a join let MariaDB walk the
+            # versions down from the newest (a page half-way down 1M versions took 381 ms).
+            memory_id = (
+                self._memories()
+                .filter(session_id=session_id, key=key)
+                .values_list("id", flat=True)
+                .first()
+            )
+            if memory_id is None:
+                return []
+            page = MemoryVersion.objects.using(self.using).filter(memory_id=memory_id)
+            if before_version is not None:
+                # Versions have no gap (semantic 1), so the page is exactly the `limit` versions
+                # below before_version: a bounded range, which every backend reads in `limit`
+                # rows (MariaDB otherwise walked half a million to find a page half-way down).
+                page = page.filter(version__lt=before_version, version__gte=before_version - limit)
+            ordered = page.order_by("-version").values_list(*fields)[:limit]
+            return [MemoryVersionRecord(*row) for row in ordered]
+
+        return self._reading(read_page)
 
     # ------------------------------------------------------------------ async twins
 
