@@ -404,12 +404,14 @@ class MemoryStore:
         ``(memory, version)`` index: every page costs the same, however deep); ``before_version``
         alone gives a page of 100. Versions written meanwhile never shift a later page."""
         session_id, key = self._check_ids(session_id, key)
-        rows = MemoryVersion.objects.using(self.using).filter(
-            memory__session_id=session_id, memory__key=key
-        )
         fields = ("version", "op", "value", "created_at", "expires_at")
         if limit is None and before_version is None:
-            ordered = rows.order_by("version").values_list(*fields)
+            ordered = (
+                MemoryVersion.objects.using(self.using)
+                .filter(memory__session_id=session_id, memory__key=key)
+                .order_by("version")
+                .values_list(*fields)
+            )
             return self._reading(lambda: [MemoryVersionRecord(*row) for row in ordered])
         limit = validation.check_version(
             "limit", 100 if limit is None else limit, minimum=1, maximum=HISTORY_PAGE_MAX

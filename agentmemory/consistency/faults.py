@@ -59,7 +59,14 @@ from ..vendors import (
     server_connection_id,
     set_lock_wait,
 )
-from .nodes import NodeUnavailable, kill_and_restart, local_node, pause, wait_cluster_synced
+from .nodes import (
+    LOOPBACK,
+    NodeUnavailable,
+    kill_and_restart,
+    local_node,
+    pause,
+    wait_cluster_synced,
+)
 
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause", "cache-restart", "cache-failover")
@@ -74,7 +81,6 @@ CLIENT_TIMEOUT_SECONDS = 2
 LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
 #: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
 WORKER_THREAD_PREFIX = "memcheck-client-"
-LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1"})
 
 LOCK_WAIT_SECONDS = 1
 LOCK_HOLD_SECONDS = 1.2

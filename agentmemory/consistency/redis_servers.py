@@ -167,7 +167,9 @@ class SentinelGroup:
                     start_new_session=True,
                 )
             )
-        self.wait_until(lambda: self._replica_in_sync() and self._sentinels_see_each_other())
+        self.wait_until(
+            lambda: self._in_sync(self.primary, self.replica) and self._sentinels_see_each_other()
+        )
         return self
 
     def sentinel_client(self, index: int = 0) -> Any:
@@ -238,14 +240,6 @@ class SentinelGroup:
         if caught_up:
             self._targets.pop((primary.port, replica.port), None)
         return caught_up
-
-    def _replica_in_sync(self) -> bool:
-        info = self.primary.client().info("replication")
-        replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-        return bool(replicas) and all(
-            r.get("state") == "online" and r.get("offset") == info["master_repl_offset"]
-            for r in replicas
-        )
 
     def _sentinels_see_each_other(self) -> bool:
         try:
