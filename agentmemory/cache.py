@@ -64,6 +64,8 @@ from django.utils import timezone
 
 from . import clock
 from .conf import get_config
+from .defects import NONE as NO_DEFECTS
+from .defects import SLOW_FILL_SECONDS, Defect, Defects
 from .errors import MemoryUnavailable
 from .models import MemoryState, PendingInvalidation, is_live
 from .records import MemoryRecord
@@ -134,6 +136,13 @@ redis.call('SET', KEYS[1], ARGV[1] .. '|' .. me .. '|' .. ARGV[2], 'PX', ARGV[3]
 return 1
 """
 
+# The FILL_WITHOUT_LEASE defect's fill (memcheck's self-test only): a plain SET, as a naive
+# cache-aside reader does it. Same keys and arguments as PUT_SCRIPT.
+SET_SCRIPT = f"""
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. {RUN_ID} .. '|' .. ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
 # Before a write commits, under its row locks. KEYS: entries. ARGV: tombstone ttl ms, then the
 # version each key is about to commit. Each entry becomes a tombstone of that version: readers miss
 # and can fill only that version or newer, so a writer that dies between its commit and its
@@ -169,7 +178,9 @@ class CachedRead:
 class MemoryCache:
     """The cache tier for one cache alias (django-redis) and one database alias."""
 
-    def __init__(self, alias: str, using: str, *, namespace: str | None = None) -> None:
+    def __init__(
+        self, alias: str, using: str, *, namespace: str | None = None, defects: Defects = NO_DEFECTS
+    ) -> None:
         from django.core.cache import caches
 
         config = get_config()
@@ -188,6 +199,8 @@ class MemoryCache:
         self._down_until = 0.0
         self._outage = False
         self._scripts: dict[str, Any] = {}
+        #: Planted bugs (:mod:`agentmemory.defects`), for memcheck's self-test only.
+        self.defects = defects
 
     # ------------------------------------------------------------------ keys
 
@@ -342,7 +355,12 @@ class MemoryCache:
             if record is _FOREIGN:  # a hash collision: never hand out another key's value
                 found[key] = CachedRead(True, redis_ms=redis_ms)
                 continue
-            if record is not None and not is_live(MemoryState.LIVE, record.expires_at, now):
+            expiry_checked = Defect.EXPIRED_FROM_CACHE not in self.defects
+            if (
+                record is not None
+                and expiry_checked
+                and not is_live(MemoryState.LIVE, record.expires_at, now)
+            ):
                 record = None  # the newest version has expired: the memory is absent
             self.count("hits")
             found[key] = CachedRead(True, record=record, hit=True, redis_ms=redis_ms)
@@ -372,12 +390,19 @@ class MemoryCache:
         missing = [k for k in keys if k not in reads or not reads[k].hit]
         if not missing:
             return found, "cache"
+        slow_fills = []
         for key, version, record in load(session_id, missing):
             if record is not None:
                 found[key] = record
             lease = reads[key].lease if key in reads else None
-            if lease:
+            if Defect.FILL_WITHOUT_LEASE in self.defects and key in reads:
+                slow_fills.append((key, record, version))
+            elif lease:
                 self.fill(session_id, key, record, version, lease)
+        if slow_fills:
+            time.sleep(SLOW_FILL_SECONDS)
+            for key, record, version in slow_fills:
+                self._put(session_id, key, record, version, "", force=True)
         untrusted = next((r for r in reads.values() if not r.trusted), None)
         if untrusted is not None:
             self.renew_fence(untrusted.redis_ms)
@@ -453,20 +478,30 @@ class MemoryCache:
         return True
 
     def _put(
-        self, session_id: str, key: str, record: MemoryRecord | None, version: int, lease: str
+        self,
+        session_id: str,
+        key: str,
+        record: MemoryRecord | None,
+        version: int,
+        lease: str,
+        *,
+        force: bool = False,
     ) -> bool:
-        """True if Redis answered (stored or rightly rejected); False if it could not be reached."""
+        """True if Redis answered (stored or rightly rejected); False if it could not be reached.
+        ``force``: the FILL_WITHOUT_LEASE defect's plain SET, no lease and no version check."""
         if not self.available:
             return False
         ttl_ms = self.max_entry_ms
-        if record is not None and record.expires_at is not None:
+        if Defect.EXPIRED_FROM_CACHE in self.defects:
+            pass  # the entry lives its full time, expired or not
+        elif record is not None and record.expires_at is not None:
             ttl_ms = min(ttl_ms, int((record.expires_at - clock.now()).total_seconds() * 1000))
             if ttl_ms <= 0:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
         try:
             keys = list(self._names(session_id, key))
             args = [version, self._encode(session_id, key, record), ttl_ms, lease]
-            stored = self._run(PUT_SCRIPT, [(keys, args)])[0]
+            stored = self._run(SET_SCRIPT if force else PUT_SCRIPT, [(keys, args)])[0]
         except Exception as exc:
             self._failed(exc)
             return False

@@ -26,8 +26,11 @@ T = TypeVar("T")
 class Retrier:
     """Retries for one database alias, with a count of what was absorbed, by kind."""
 
-    def __init__(self, using: str) -> None:
+    def __init__(self, using: str, *, retry: bool = True) -> None:
+        """``retry=False`` is the NOT_RETRIED defect's seam (:mod:`agentmemory.defects`): every
+        error reaches the caller as the database raised it."""
         self.using = using
+        self.retry = retry
         #: Transient errors absorbed by retries, by kind; read by memcheck and the benchmarks.
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -38,7 +41,7 @@ class Retrier:
         transaction nothing can be retried (the server rolled the whole transaction back), so
         the error propagates for the caller to retry."""
         connection = connections[self.using]
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or not self.retry:
             return attempt(False)
         policy = get_config()["RETRY"]
         attempts = policy["ATTEMPTS"]

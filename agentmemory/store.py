@@ -6,6 +6,7 @@ database, through the cache tier's read-through protocol when there is one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import Counter
@@ -19,6 +20,7 @@ from django.db import connections, transaction
 from . import clock, validation
 from .cache import MemoryCache
 from .conf import get_config
+from .defects import Defect, Defects
 from .errors import InvalidMemory, VersionPruned
 from .models import Memory, MemoryState, MemoryVersion, Op, is_live
 from .records import MemoryRecord, MemoryVersionRecord
@@ -51,24 +53,30 @@ class MemoryStore:
         *,
         namespace: str | None = None,
         row_lock: bool = True,
+        defects: Iterable[Defect | str] = (),
     ) -> None:
         """``using``: the database alias (default ``AGENTMEMORY["DATABASE"]``); ``cache``: the
         cache alias of the Redis tier, or None (default ``AGENTMEMORY["CACHE"]``);
         ``namespace``: a name that separates this store's Redis entries from other stores' on the
         same cache (the test plugin gives each test one). ``row_lock=False`` is the unsafe seam
-        (see :class:`~agentmemory.writes.WritePath`): for memcheck and tests, never for data."""
+        (see :class:`~agentmemory.writes.WritePath`) and ``defects`` the planted bugs of
+        :mod:`agentmemory.defects`: for memcheck and tests, never for data."""
         config = get_config()
+        self.defects = Defects(defects)
+        row_lock = row_lock and Defect.NO_ROW_LOCK not in self.defects
         self.using: str = using or config["DATABASE"]
         self.cache_alias: str | None = config["CACHE"] if cache is _CACHE_FROM_SETTINGS else cache
         #: The Redis tier, or None: the store is correct without it.
         self.cache: MemoryCache | None = (
-            MemoryCache(self.cache_alias, self.using, namespace=namespace)
+            MemoryCache(self.cache_alias, self.using, namespace=namespace, defects=self.defects)
             if self.cache_alias
             else None
         )
         self.row_lock = row_lock
-        self._retrier = Retrier(self.using)
-        self._writes = WritePath(self.using, self.cache, self._retrier, row_lock=row_lock)
+        self._retrier = Retrier(self.using, retry=Defect.NOT_RETRIED not in self.defects)
+        self._writes = WritePath(
+            self.using, self.cache, self._retrier, row_lock=row_lock, defects=self.defects
+        )
         self._local = threading.local()
 
     @property
@@ -85,6 +93,8 @@ class MemoryStore:
 
     def __repr__(self) -> str:
         unsafe = "" if self.row_lock else " row_lock=False"
+        if self.defects:
+            unsafe += f" defects={self.defects!r}"
         return f"<MemoryStore using={self.using!r} cache={self.cache_alias!r}{unsafe}>"
 
     # ------------------------------------------------------------------ writes
@@ -110,7 +120,7 @@ class MemoryStore:
         change = Change(
             Op.WRITE,
             compute=lambda _current: value,
-            ttl=validation.check_ttl(ttl),
+            ttl=self._check_ttl(ttl),
             expected_version=self._check_expected(expected_version),
             **self._request(idempotency_key),
         )
@@ -135,7 +145,7 @@ class MemoryStore:
             Op.WRITE,
             compute=lambda current: self._check_value(fn(current)),
             default=self._check_value(default),
-            ttl=validation.check_ttl(ttl),
+            ttl=self._check_ttl(ttl),
         )
         return self._writes.write(session_id, {key: change})[key]
 
@@ -152,7 +162,7 @@ class MemoryStore:
             raise InvalidMemory(
                 "items", f"must be a mapping of key to value, got {type(items).__name__}"
             )
-        ttl = validation.check_ttl(ttl)
+        ttl = self._check_ttl(ttl)
         changes = {}
         for key, value in items.items():
             checked = self._check_value(value)
@@ -286,7 +296,7 @@ class MemoryStore:
             with connection.cursor() as cursor:
                 for statement in statements_for(connection).erase_session:
                     cursor.execute(statement, [session_id])
-            if self.cache is not None and keys:
+            if self.cache is not None and keys and Defect.ERASE_LEAVES_CACHE not in self.defects:
                 cache = self.cache
                 transaction.on_commit(lambda: cache.erased(session_id, keys), using=self.using)
             return len(keys)
@@ -324,10 +334,18 @@ class MemoryStore:
                 raise InvalidMemory("keys", "must be an iterable of keys, not a single str")
             wanted = sorted({validation.check_key(k) for k in keys})
             return self._recall(session_id, wanted) if wanted else {}
-        rows = self._memories().filter(session_id=session_id, state=MemoryState.LIVE)
+        rows = self._memories().filter(state=MemoryState.LIVE)
+        if Defect.SESSION_PREFIX_MATCH in self.defects:
+            rows = rows.filter(session_id__startswith=session_id)
+        else:
+            rows = rows.filter(session_id=session_id)
         if prefix is not None:
             prefix = validation.check_prefix(prefix)
-            rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))
+            if Defect.CASE_INSENSITIVE_PREFIX in self.defects:
+                rows = rows.filter(key__istartswith=prefix)
+                prefix = None  # and no exact test after it
+            else:
+                rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))
         self._local.source = "database"
         return self._reading(lambda: self._recall_rows(session_id, rows, prefix))
 
@@ -336,16 +354,37 @@ class MemoryStore:
         # Inside the caller's transaction Redis is bypassed: it holds only committed versions
         # (the caller must read its own writes), and a fill from this transaction's view could
         # publish data that is later rolled back.
-        if self.cache is not None and not connections[self.using].in_atomic_block:
+        in_transaction = connections[self.using].in_atomic_block
+        if Defect.TRANSACTION_READS_CACHE in self.defects:
+            in_transaction = False
+        if self.cache is not None and not in_transaction:
             found, source = self._reading(
                 lambda: self.cache.read_through(session_id, keys, self._load)  # type: ignore[union-attr]
             )
             self._local.source = source
-            return found
+            return self._renewed(found)
         self._local.source = "database"
-        return self._reading(
-            lambda: {k: r for k, _, r in self._load(session_id, keys) if r is not None}
+        return self._renewed(
+            self._reading(
+                lambda: {k: r for k, _, r in self._load(session_id, keys) if r is not None}
+            )
         )
+
+    def _renewed(self, found: dict[str, MemoryRecord]) -> dict[str, MemoryRecord]:
+        """With the TTL_RENEWED_ON_READ defect, a sliding TTL: each live memory read with an
+        expiry gets it pushed forward by its TTL. Otherwise ``found`` as it is."""
+        if Defect.TTL_RENEWED_ON_READ not in self.defects:
+            return found
+        now = clock.now()
+        for key, record in list(found.items()):
+            if record.expires_at is None:
+                continue
+            renewed = now + (record.expires_at - record.updated_at)
+            self._memories().filter(
+                session_id=record.session_id, key=key, version=record.version
+            ).update(expires_at=renewed)
+            found[key] = dataclasses.replace(record, expires_at=renewed)
+        return found
 
     def _recall_rows(
         self, session_id: str, rows: Any, prefix: str | None
@@ -550,6 +589,11 @@ class MemoryStore:
         limit = get_config()["MAX_VALUE_BYTES"]  # read at each use: override_settings applies
         return json.loads(validation.encode_value(value, limit))
 
+    def _check_ttl(self, ttl: Any) -> timedelta | None:
+        if Defect.TTL_ZERO_IS_FOREVER in self.defects and isinstance(ttl, int | float):
+            ttl = None if ttl <= 0 else ttl
+        return validation.check_ttl(ttl)
+
     def _check_expected(self, expected_version: Any) -> int | None:
         if expected_version is None:
             return None
@@ -558,7 +602,7 @@ class MemoryStore:
     def _request(self, idempotency_key: str | None) -> dict[str, Any]:
         """The caller's idempotency key as the change's request id (otherwise ``Change``
         generates one)."""
-        if idempotency_key is None:
+        if idempotency_key is None or Defect.IDEMPOTENCY_IGNORED in self.defects:
             return {}
         return {
             "request_id": "k:" + validation.check_idempotency_key(idempotency_key),

@@ -22,6 +22,8 @@ from django.db import connections, transaction
 from . import clock, validation
 from .cache import MemoryCache
 from .conf import get_config
+from .defects import NONE as NO_DEFECTS
+from .defects import Defect, Defects, failpoint_after_first_key
 from .errors import InvalidMemory, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
@@ -65,17 +67,35 @@ class WritePath:
     """
 
     def __init__(
-        self, using: str, cache: MemoryCache | None, retrier: Retrier, *, row_lock: bool = True
+        self,
+        using: str,
+        cache: MemoryCache | None,
+        retrier: Retrier,
+        *,
+        row_lock: bool = True,
+        defects: Defects = NO_DEFECTS,
     ) -> None:
         self.using = using
         self.cache = cache
         self.retrier = retrier
         self.row_lock = row_lock
+        #: Planted bugs (:mod:`agentmemory.defects`), for memcheck's self-test only.
+        self.defects = defects
 
     def write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         """Apply ``changes`` in one transaction, locking rows in sorted key order (so writers of
         overlapping key sets cannot deadlock each other), retried as a whole. Returns, per key,
         the new :class:`MemoryRecord` (writes), True (retired), or None (nothing to do)."""
+        if len(changes) > 1 and Defect.NON_ATOMIC_MANY in self.defects:
+            results: dict[str, Any] = {}
+            for key in sorted(changes):
+                if results:
+                    failpoint_after_first_key()
+                results.update(self._write(session_id, {key: changes[key]}))
+            return results
+        return self._write(session_id, changes)
+
+    def _write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         observed = None if self.row_lock else self._observe(session_id, sorted(changes))
 
         def attempt(retry: bool) -> dict[str, Any]:
@@ -83,11 +103,14 @@ class WritePath:
             updates: dict[str, tuple[MemoryRecord | None, int] | None] = {}
             results = {}
             for key in sorted(changes):
+                if results:
+                    failpoint_after_first_key()
                 basis = observed[key] if observed is not None else _LOCKED
                 results[key] = self._apply(
                     session_id, key, changes[key], now, retry, updates, basis
                 )
-            if self.cache is not None and updates:
+            lost = Defect.LOST_CACHE_UPDATE in self.defects
+            if self.cache is not None and updates and not lost:
                 cache = self.cache
                 committing = {k: u[1] for k, u in updates.items() if u is not None}
                 if committing and not cache.writing(session_id, committing):
@@ -158,6 +181,8 @@ class WritePath:
         assert change.compute is not None
         value = change.compute(seen.value if seen_live else change.default)
         expires_at = _expires_at(change, now)
+        if Defect.TTL_KEPT_ON_OVERWRITE in self.defects and change.ttl is None and live:
+            expires_at = row.expires_at
         if not live:
             row.created_at = now
         self._append(row, change.op, value, now, expires_at, change.request_id)
@@ -216,7 +241,7 @@ class WritePath:
         request_id: str,
     ) -> None:
         """Append version ``row.version + 1`` and make the live row match it."""
-        row.version += 1
+        row.version += 2 if row.version == 2 and Defect.SKIPPED_VERSION in self.defects else 1
         row.value = value
         row.state = {Op.FORGET: MemoryState.FORGOTTEN, Op.EXPIRE: MemoryState.EXPIRED}.get(
             op, MemoryState.LIVE
@@ -256,7 +281,8 @@ class WritePath:
         )
 
     def _check_cas(self, session_id: str, key: str, change: Change, *, actual: int) -> None:
-        if change.expected_version is not None and change.expected_version != actual:
+        spurious = Defect.SPURIOUS_CAS_CONFLICT in self.defects and actual > 0
+        if change.expected_version is not None and (change.expected_version != actual or spurious):
             raise VersionConflict(session_id, key, expected=change.expected_version, actual=actual)
 
     # ------------------------------------------------------------------ retention

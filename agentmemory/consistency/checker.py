@@ -20,10 +20,12 @@ from .state import StoredKey, StoredVersion
 CHECKS = {
     "lost-update": "every acknowledged write is exactly one version holding its value",
     "version-gap": "versions are 1, 2, 3, ... (from the retention watermark) with no gap or duplicate",
-    "live-row": "the live row's version equals the newest history version",
+    "live-row": "the live row's version and expiry equal the newest history version's",
     "duplicate-row": "one row per (session_id, key)",
     "phantom-write": "every stored version was written by an acknowledged or indeterminate call",
     "cas-violation": "a compare-and-set write landed right after the version it expected",
+    "spurious-conflict": "a compare-and-set conflicts only when the version is not the one expected",
+    "all-or-nothing": "a remember_many is stored on all of its keys or on none of them",
     "list-order": "every list read is a prefix of the final list, holding each acknowledged append once",
     "idempotent-retry": "a write sent again with its idempotency key answers as the first call did",
     "aborted-read": "no read returns the value of a write that failed",
@@ -31,7 +33,13 @@ CHECKS = {
     "stale-read": "no read returns older than a version acknowledged before the read began",
     "non-monotonic-read": "a client's reads of a key never go back to an older version",
     "cross-session-read": "no read returns another session's or key's value",
-    "expired-read": "no read returns a memory whose TTL had passed when the read began",
+    "expired-read": "no read returns a version whose stored expiry had passed when the read began",
+    "ttl-stored": "every version's expiry is its write's time plus the TTL asked for (none if none)",
+    "expiry-mismatch": "every read and write reports the expiry its version was stored with",
+    "prefix-read": "recall_many(prefix=) returns only keys that start with the prefix, exactly",
+    "read-own-write": "inside the caller's transaction, a read returns the write just made",
+    "erased-read": "after erase_session, no read returns a memory of the erased session",
+    "bad-input": "every call with bad input raises InvalidMemory and changes nothing",
     "caller-error": "no error other than VersionConflict/MemoryUnavailable reaches a caller",
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
 }
@@ -100,7 +108,34 @@ def audit_key(session_id: str, key: str, stored: StoredKey) -> list[Anomaly]:
                 f"live row is v{stored.live_version}, newest history version is v{newest}",
             )
         )
+    elif stored.rows and stored.versions and stored.live_state == "live":
+        kept = stored.versions[-1].expires_at
+        if not _same_time(stored.live_expires_at, kept):
+            anomalies.append(
+                Anomaly(
+                    "live-row",
+                    session_id,
+                    key,
+                    f"live row v{newest} expires at {_at(stored.live_expires_at)}, its version "
+                    f"was stored expiring at {_at(kept)}",
+                )
+            )
     return anomalies
+
+
+#: Seconds two stored times may differ by (the databases keep microseconds; JSON round trips
+#: and float seconds lose less than this).
+TIME_TOLERANCE = 0.002
+
+
+def _same_time(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= TIME_TOLERANCE
+
+
+def _at(t: float | None) -> str:
+    return "never" if t is None else f"{t:.3f}"
 
 
 def _span(numbers: list[int]) -> str:
@@ -134,6 +169,39 @@ def check_history(history: History, state: dict[tuple[str, str], StoredKey]) -> 
     for (session_id, key), ops in keyed.items():
         if (session_id, key) not in state:
             anomalies += _check_key(session_id, key, ops, StoredKey())
+    anomalies += _check_all_or_nothing(history, state)
+    return anomalies
+
+
+def _check_all_or_nothing(
+    history: History, state: dict[tuple[str, str], StoredKey]
+) -> list[Anomaly]:
+    """Each remember_many that was not acknowledged (it failed, or its outcome is unknown) left
+    its value on all of its keys or on none."""
+    stored_tokens = {
+        pair: {token_of(v.value) for v in stored.versions if v.op in VALUE_OPS}
+        for pair, stored in state.items()
+    }
+    calls: dict[str, list[Operation]] = defaultdict(list)
+    for op in history.operations:
+        if op.kind == "many" and op.status != "ok":
+            calls[op.id].append(op)
+    anomalies = []
+    for op_id, ops in sorted(calls.items()):
+        landed = [
+            op.key for op in ops if op.token in stored_tokens.get((op.session_id, op.key), ())
+        ]
+        if landed and len(landed) < len(ops):
+            anomalies.append(
+                Anomaly(
+                    "all-or-nothing",
+                    ops[0].session_id,
+                    ",".join(op.key for op in ops),
+                    f"remember_many {op_id} ({ops[0].status}: {ops[0].error}) is stored on "
+                    f"{landed} only",
+                    [_brief(op) for op in ops],
+                )
+            )
     return anomalies
 
 
@@ -148,10 +216,25 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
     for op in ops:
         if op.is_write and op.token:
             writers[op.token] = op
-        if op.status == "info" and not (op.error or "").startswith("MemoryUnavailable"):
+        error = op.error or ""
+        if op.status == "info" and not error.startswith("MemoryUnavailable"):
             report("caller-error", f"{op.kind} raised {op.error}", op)
-        if op.status == "fail" and (op.error or "").startswith("IdempotencyBroken"):
-            report("idempotent-retry", f"{op.error}", op)
+        if op.status == "fail" and error.startswith("IdempotencyBroken"):
+            report("idempotent-retry", error, op)
+        if op.status == "fail" and error.startswith("OwnWriteMissed"):
+            report("read-own-write", error.partition(": ")[2], op)
+        if op.status == "fail" and error.startswith("ErasedRead"):
+            report("erased-read", error.partition(": ")[2], op)
+        if op.kind == "bad-input" and op.status == "ok":
+            report("bad-input", f"a call with bad input was {op.error}", op)
+        if op.kind == "cas" and op.error == "VersionConflict" and op.version == op.expected_version:
+            report(
+                "spurious-conflict",
+                f"CAS expecting v{op.expected_version} conflicted, reporting v{op.version}",
+                op,
+            )
+        if op.prefix is not None and not op.key.startswith(op.prefix):
+            report("prefix-read", f"recall_many(prefix={op.prefix!r}) returned {op.key!r}", op)
 
     # Writes: each acknowledged one is exactly one version, holding its value.
     acked_at: dict[int, list[Operation]] = defaultdict(list)
@@ -167,6 +250,8 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
                 f"acknowledged v{op.version} of {op.token} is not in the history (v{op.version} holds {holder})",
                 op,
             )
+        elif stored_version is not None:
+            _check_expiry(op, stored_version, report)
         if op.kind == "cas":
             _check_cas(op, by_version, report)
     for version, acked in sorted(acked_at.items()):
@@ -198,6 +283,27 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
     _check_reads(session_id, key, ops, by_version, writers, report)
     _check_monotonic(ops, report)
     return found
+
+
+def _check_expiry(op: Operation, stored: StoredVersion, report: Any) -> None:
+    """An acknowledged write: its version's stored expiry is the write's time plus the TTL it
+    asked for (none if it asked none), and the write reported that expiry."""
+    asked = None if op.ttl is None else stored.created_at + op.ttl
+    if not _same_time(stored.expires_at, asked):
+        ttl = "no TTL" if op.ttl is None else f"ttl={op.ttl:g}s"
+        report(
+            "ttl-stored",
+            f"v{stored.version} was written with {ttl} at {stored.created_at:.3f}, and stored "
+            f"expiring at {_at(stored.expires_at)} (not {_at(asked)})",
+            op,
+        )
+    elif not _same_time(op.expires_at, stored.expires_at):
+        report(
+            "expiry-mismatch",
+            f"the write of v{stored.version} reported expiry {_at(op.expires_at)}, the version "
+            f"was stored expiring at {_at(stored.expires_at)}",
+            op,
+        )
 
 
 def _check_cas(op: Operation, by_version: dict[int, StoredVersion], report: Any) -> None:
@@ -300,10 +406,22 @@ def _check_reads(
                 f"read returned v{op.version} though v{floor} was acknowledged before it began",
                 op,
             )
-        if op.expires_at is not None and op.expires_at <= op.invoked_at:
+        # Judged by the expiry the version was stored with, not the one the read reports.
+        expiries = [op.expires_at]
+        if stored_version is not None:
+            expiries.append(stored_version.expires_at)
+            if not _same_time(op.expires_at, stored_version.expires_at):
+                report(
+                    "expiry-mismatch",
+                    f"read of v{op.version} reported expiry {_at(op.expires_at)}, the version "
+                    f"was stored expiring at {_at(stored_version.expires_at)}",
+                    op,
+                )
+        expired = [e for e in expiries if e is not None and e <= op.invoked_at]
+        if expired:
             report(
                 "expired-read",
-                f"read returned v{op.version}, expired {op.invoked_at - op.expires_at:.3f}s before the read began",
+                f"read returned v{op.version}, expired {op.invoked_at - min(expired):.3f}s before the read began",
                 op,
             )
 

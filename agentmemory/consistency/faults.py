@@ -71,7 +71,14 @@ from .nodes import (
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause", "cache-restart", "cache-failover")
 NODE_FAULTS = ("node-kill", "node-pause")
-FAULTS = {"none": (), "db": DB_FAULTS, "cache": CACHE_FAULTS, "all": DB_FAULTS + CACHE_FAULTS}
+FAULTS = {
+    "none": (),
+    # The cheapest: competing locks held a moment (memcheck's default where it can run).
+    "lock": ("db-lock",),
+    "db": DB_FAULTS,
+    "cache": CACHE_FAULTS,
+    "all": DB_FAULTS + CACHE_FAULTS,
+}
 #: Seconds a paused node stays stopped, and the timeout memcheck's clients get on a cluster.
 # The pause stays under Galera's default evs.suspect_timeout (5 s): the node stalls the cluster
 # as a long GC pause would, without being evicted.

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 Status = Literal["ok", "fail", "info"]  # info: indeterminate, the write may or may not have applied
 
-WRITE_KINDS = frozenset({"remember", "cas", "append", "ttl-write", "retry"})
+WRITE_KINDS = frozenset({"remember", "cas", "append", "ttl-write", "retry", "many", "txn-write"})
 READ_KINDS = frozenset({"recall"})
 
 
@@ -20,7 +20,9 @@ READ_KINDS = frozenset({"recall"})
 class Operation:
     id: str
     client: str
-    kind: str  # remember | cas | append | ttl-write | retry | recall | forget
+    # remember | cas | append | ttl-write | retry | many | txn-write | recall | forget | erase |
+    # bad-input (a recall_many is recorded as one recall per key)
+    kind: str
     session_id: str
     key: str
     invoked_at: float
@@ -35,6 +37,8 @@ class Operation:
     error: str | None = None
     source: str | None = None  # of a read: "cache" or "database"
     node: str | None = None  # the database alias the client was pinned to
+    ttl: float | None = None  # of a write: the TTL asked for (or the default), seconds
+    prefix: str | None = None  # of a read made by recall_many(prefix=)
 
     @property
     def is_write(self) -> bool:

@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -21,6 +21,9 @@ from django.db import connections
 from django.test.utils import override_settings
 
 from ..conf import get_config
+from ..defects import NONE as NO_DEFECTS
+from ..defects import Defect, Defects
+from ..models import Memory
 from ..store import MemoryStore
 from .bootstrap import setup_process
 from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
@@ -126,12 +129,13 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"n": len(ordered), "p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": at(1.0)}
 
 
-def make_store(database: str, unsafe: bool) -> MemoryStore:
+def make_store(database: str, unsafe: bool, defects: Iterable[Defect] = ()) -> MemoryStore:
     # The configured cache tier included: memcheck checks what the application will run. The
-    # unlocked demo path runs without it, so what it finds is the missing lock alone.
+    # unlocked demo path runs without it, so what it finds is the missing lock alone. ``defects``:
+    # a self-test variant (agentmemory.defects).
     if unsafe:
         return MemoryStore(using=database, cache=None, row_lock=False)
-    return MemoryStore(using=database)
+    return MemoryStore(using=database, defects=defects)
 
 
 OWN_REDIS_ALIAS = "memcheck-redis"
@@ -179,9 +183,10 @@ def _process_main(
     config: WorkloadConfig,
     index: int,
     kinds: tuple[str, ...],
+    defects: tuple[str, ...] = (),
 ) -> tuple[list[dict], dict, dict, list[str]]:
     """One ``--processes`` process: its workers all on ``database`` (its node)."""
-    store = make_store(database, unsafe)
+    store = make_store(database, unsafe, Defects(defects))
     local = [kind for kind in kinds if kind in LOCAL_FAULTS]
     sessions = session_ids(run_id, config)
     with Nemesis(
@@ -269,6 +274,7 @@ def run_memcheck(
     keep: bool = False,
     faults: str = "none",
     progress: Progress | None = None,
+    defects: Iterable[Defect] = (),
 ) -> RunResult:
     """Run the workload in throw-away sessions (under ``faults``), heal, read every key once more
     on every node, check the history against the database and Redis, and remove the sessions
@@ -277,13 +283,25 @@ def run_memcheck(
     ``databases``: one alias, or the aliases of one cluster's nodes -- the clients are spread
     over them (thread ``i``, or process ``i``, pinned to node ``i % len(databases)``), and the
     state is read through the first. Raises :class:`FaultsUnavailable` when ``faults`` cannot
-    run against this configuration."""
+    run against this configuration. ``defects``: run a deliberately broken store instead (the
+    self-test, :mod:`agentmemory.consistency.selftest`)."""
     aliases = [databases] if isinstance(databases, str) else list(databases)
     if unsafe and faults in ("cache", "all"):
         raise FaultsUnavailable("--unsafe runs without the cache tier: use --faults db or none")
     kinds = fault_kinds(faults, aliases[0], make_store(aliases[0], unsafe).cache, aliases[1:])
     with own_redis(kinds) as redis:
-        return _run(aliases, config, kinds, redis, processes, unsafe, keep, faults, progress)
+        return _run(
+            aliases,
+            config,
+            kinds,
+            redis,
+            processes,
+            unsafe,
+            keep,
+            faults,
+            progress,
+            Defects(defects),
+        )
 
 
 def _run(
@@ -296,10 +314,11 @@ def _run(
     keep: bool,
     faults: str,
     progress: Progress | None,
+    defects: Defects,
 ) -> RunResult:
     database, others = aliases[0], aliases[1:]
     run_id = new_run_id()
-    stores = [make_store(alias, unsafe) for alias in aliases]
+    stores = [make_store(alias, unsafe, defects) for alias in aliases]
     store = stores[0]
     sessions = session_ids(run_id, config)
     started = time.monotonic()
@@ -326,7 +345,9 @@ def _run(
                 redis=redis,
             ) as nemesis:
                 if processes:
-                    results = _run_processes(aliases, unsafe, run_id, config, processes, kinds)
+                    results = _run_processes(
+                        aliases, unsafe, run_id, config, processes, kinds, defects
+                    )
                     history = History(run_id)
                     for ops, counts, their_faults, their_errors in results:
                         history.extend([Operation(**op) for op in ops])
@@ -354,7 +375,7 @@ def _run(
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)
-            for session_id in sessions:
+            for session_id in run_sessions(database, run_id, sessions):
                 cleaner.erase_session(session_id)
         for alias in aliases:
             connections[alias].close()
@@ -376,6 +397,17 @@ def _run(
     )
 
 
+def run_sessions(database: str, run_id: str, known: Iterable[str]) -> list[str]:
+    """Every session of one run: the workload's, and those the ``erase`` workload left."""
+    found = (
+        Memory.objects.using(database)
+        .filter(session_id__startswith=f"memcheck-{run_id}-")
+        .values_list("session_id", flat=True)
+        .distinct()
+    )
+    return sorted({*known, *found})
+
+
 def _run_processes(
     aliases: list[str],
     unsafe: bool,
@@ -383,6 +415,7 @@ def _run_processes(
     config: WorkloadConfig,
     processes: int,
     kinds: tuple[str, ...],
+    defects: Defects = NO_DEFECTS,
 ) -> list[tuple[list[dict], dict, dict, list[str]]]:
     """``processes`` spawned processes, process ``i`` pinned to ``aliases[i % len(aliases)]``."""
     per_process = WorkloadConfig(
@@ -406,7 +439,11 @@ def _run_processes(
                 ),
             )
             pools.append(pool)
-            futures.append(pool.submit(_process_main, alias, unsafe, run_id, per_process, i, kinds))
+            futures.append(
+                pool.submit(
+                    _process_main, alias, unsafe, run_id, per_process, i, kinds, tuple(defects)
+                )
+            )
         return [future.result() for future in futures]
     finally:
         for pool in pools:

@@ -28,6 +28,7 @@ class StoredKey:
     rows: int = 0
     live_version: int = 0
     live_state: str = ""
+    live_expires_at: float | None = None
     versions: list[StoredVersion] = field(default_factory=list)
     # The lowest version kept (versions below it were pruned by the retention policy).
     kept_from: int = 1
@@ -37,14 +38,15 @@ def load_state(using: str, session_ids: Iterable[str]) -> dict[tuple[str, str], 
     """What the database holds for these sessions (read-only)."""
     sessions = list(session_ids)
     state: dict[tuple[str, str], StoredKey] = defaultdict(StoredKey)
-    for session_id, key, version, live_state, kept_from in (
+    for session_id, key, version, live_state, kept_from, expires in (
         Memory.objects.using(using)
         .filter(session_id__in=sessions)
-        .values_list("session_id", "key", "version", "state", "history_from")
+        .values_list("session_id", "key", "version", "state", "history_from", "expires_at")
     ):
         stored = state[(session_id, key)]
         stored.rows += 1
         stored.live_version, stored.live_state = version, live_state
+        stored.live_expires_at = expires.timestamp() if expires else None
         stored.kept_from = kept_from
     versions = (
         MemoryVersion.objects.using(using)

@@ -1,14 +1,23 @@
 """Concurrent workloads that record a :class:`History` while they hammer a few hot keys.
 
-Five workloads, all on by default (``WorkloadConfig.workloads``):
+Nine workloads, all on by default (``WorkloadConfig.workloads``):
 
 - ``register``: keys ``reg-N`` -- remember, compare-and-set, forget, recall;
 - ``list``: keys ``list-N`` -- appends through ``update(fn)``; every read reveals the whole order;
-- ``ttl``: keys ``ttl-N`` -- writes with short TTLs, reads around expiry;
+- ``ttl``: keys ``ttl-N`` -- writes with short TTLs, overwrites without one, reads around expiry;
 - ``isolation``: every key in three look-alike sessions (``…-a``, ``…-a%``, ``…-a_``) at once;
-- ``idempotent``: a register write sent twice with one idempotency key, as after a timeout.
+- ``idempotent``: a register write sent twice with one idempotency key, as after a timeout;
+- ``many``: keys ``many-N`` and their look-alikes ``Many-N`` -- ``remember_many`` of two keys (a
+  quarter of them failed after the first key by an injected failure: all or nothing),
+  ``recall_many`` by keys and by the prefix ``many-``;
+- ``transactions``: a register write and a read of it inside the caller's ``transaction.atomic``,
+  committed or rolled back (the read must see the write; a rolled-back write is never seen);
+- ``erase``: in a session of the client's own, write, read, ``erase_session``, read again;
+- ``bad-input``: calls with a bad argument (``ttl=0``, NaN, an empty key, …) on the hot keys:
+  each must raise ``InvalidMemory`` and change nothing.
 
-Every value written embeds its op id, session and key, so every read maps to one write.
+Every value written embeds its op id, session and key, so every read maps to one write; a
+``recall_many`` is recorded as one read per key.
 
 On a cluster (several stores, one per node) each client is pinned to one node, and every write it
 gets acknowledged is followed at once by a read of that key on the next node -- a request served
@@ -23,21 +32,39 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 
 from .. import clock
+from ..conf import get_config
+from ..defects import InjectedFailure, fail_after_first_key
 from ..errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from ..store import MemoryStore
+from ..vendors import classify
 from .faults import WORKER_THREAD_PREFIX
 from .history import History, Operation
 
 SESSION_SUFFIXES = ("a", "a%", "a_")
-WORKLOADS = ("register", "list", "ttl", "isolation", "idempotent")
+WORKLOADS = (
+    "register",
+    "list",
+    "ttl",
+    "isolation",
+    "idempotent",
+    "many",
+    "transactions",
+    "erase",
+    "bad-input",
+)
 #: Key families and their share of the operations.
-FAMILIES = {"register": ("reg", 5), "list": ("list", 3), "ttl": ("ttl", 2)}
+FAMILIES = {"register": ("reg", 5), "list": ("list", 3), "ttl": ("ttl", 2), "many": ("many", 2)}
+#: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
+MANY_PREFIX = "many-"
+#: An error a caller's own transaction may see (the store cannot retry inside it): expected.
+IN_TRANSACTION = "Transient in the caller's transaction"
 
 
 @dataclass
@@ -58,16 +85,35 @@ class WorkloadConfig:
                 f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}"
             )
         if not set(self.workloads) & set(FAMILIES):
-            raise ValueError("choose at least one of the workloads register, list, ttl")
+            raise ValueError(f"choose at least one of the workloads {', '.join(FAMILIES)}")
 
     @property
     def families(self) -> tuple[list[str], list[int]]:
         chosen = [FAMILIES[w] for w in WORKLOADS if w in FAMILIES and w in self.workloads]
         return [name for name, _ in chosen], [weight for _, weight in chosen]
 
+    def keys_of(self, family: str) -> list[str]:
+        """The keys of a family: ``reg-0``, ``reg-1``, …; ``many`` adds look-alikes ``Many-N``."""
+        keys = [f"{family}-{n}" for n in range(self.keys)]
+        if family == "many":
+            keys += [f"Many-{n}" for n in range(self.keys)]
+        return keys
+
 
 class IdempotencyBroken(Exception):
     """An idempotent retry answered differently from the first call."""
+
+
+class OwnWriteMissed(Exception):
+    """Inside the caller's transaction, a read did not return the write just made."""
+
+
+class ErasedRead(Exception):
+    """A read after ``erase_session`` returned a memory of the erased session."""
+
+
+class RolledBack(Exception):
+    """The caller rolls its transaction back on purpose."""
 
 
 def new_run_id() -> str:
@@ -81,14 +127,19 @@ def session_ids(run_id: str, config: WorkloadConfig | None = None) -> list[str]:
     return [f"memcheck-{run_id}-{suffix}" for suffix in suffixes]
 
 
+def erase_session_id(run_id: str, client: str) -> str:
+    """The ``erase`` workload's session of one client (erased and written again, by it only)."""
+    return f"memcheck-{run_id}-e-{client}"
+
+
 def _stamp() -> float:
     return clock.now().timestamp()
 
 
 class _Budget:
-    """Shared op counter and deadline for the workers of one process. A timed run goes on past
-    its deadline until ``until`` is set (the nemesis's first round of faults, so that every kind
-    is injected at least once)."""
+    """Shared op counter and deadline for the workers of one process. A run goes on past its
+    budget until ``until`` is set (the nemesis's first round of faults, so that every kind is
+    injected at least once)."""
 
     def __init__(
         self, ops: int | None, seconds: float | None, until: threading.Event | None = None
@@ -99,10 +150,13 @@ class _Budget:
         self.until = until
 
     def take(self) -> bool:
-        past = self.deadline is not None and time.monotonic() >= self.deadline
-        if past and (self.until is None or self.until.is_set()):
-            return False
-        return self.ops is None or next(self._left) < self.ops
+        """Whether a worker may start one more operation: within the budget, or past it while
+        the nemesis has not yet injected every kind of fault once."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            within = False
+        else:
+            within = self.ops is None or next(self._left) < self.ops
+        return within or (self.until is not None and not self.until.is_set())
 
 
 def _client(
@@ -127,22 +181,63 @@ def _client(
             op_id = f"{name}-{counter}"
             session_id = rng.choice(sessions)
             family = rng.choices(families, weights=weights)[0]
-            key = f"{family}-{rng.randrange(config.keys)}"
-            op = _one_op(store, rng, op_id, name, session_id, family, key, config)
-            out.append(op)
-            if peer is not None and op.is_write and op.status == "ok":
-                out.append(
-                    _one_op(
-                        peer, rng, f"{op_id}-next", name, session_id, family, key, config, "recall"
+            key = rng.choice(config.keys_of(family))
+            ops = _ops(store, rng, op_id, name, session_id, family, key, config, run_id)
+            out.extend(ops)
+            for op in ops:
+                if peer is not None and op.is_write and op.status == "ok":
+                    out.extend(
+                        _ops(
+                            peer,
+                            rng,
+                            f"{op.id}-next",
+                            name,
+                            op.session_id,
+                            family,
+                            op.key,
+                            config,
+                            run_id,
+                            "recall",
+                        )
                     )
-                )
             if progress:
                 progress()
     finally:
         connections.close_all()
 
 
-def _one_op(
+def _register_kinds(config: WorkloadConfig) -> tuple[list[str], list[float]]:
+    chosen = [("recall", 40), ("remember", 25), ("cas", 15), ("forget", 5)]
+    optional = {
+        "idempotent": ("retry", 8),
+        "transactions": ("txn", 6),
+        "erase": ("erase", 2),
+        "bad-input": ("bad-input", 3),
+    }
+    chosen += [kind for workload, kind in optional.items() if workload in config.workloads]
+    return [k for k, _ in chosen], [w for _, w in chosen]
+
+
+def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str:
+    roll = rng.random()
+    if family == "reg":
+        kinds, weights = _register_kinds(config)
+        return rng.choices(kinds, weights=weights)[0]
+    if family == "many":
+        return "many-read" if roll < 0.25 else "prefix-read" if roll < 0.45 else "many"
+    if roll < 0.4:
+        return "recall"
+    if family == "list":
+        return "append"
+    return "ttl-write" if roll < 0.85 else "remember"  # ttl: an overwrite without a TTL too
+
+
+def _default_ttl() -> float | None:
+    ttl = get_config()["DEFAULT_TTL"]
+    return None if ttl is None else float(getattr(ttl, "total_seconds", lambda: ttl)())
+
+
+def _ops(
     store: MemoryStore,
     rng: random.Random,
     op_id: str,
@@ -151,25 +246,37 @@ def _one_op(
     family: str,
     key: str,
     config: WorkloadConfig,
+    run_id: str,
     kind: str | None = None,
+) -> list[Operation]:
+    """Run one operation and return what it recorded (a multi-key call: one op per key)."""
+    kind = kind or _choose_kind(rng, family, config)
+    if kind == "many":
+        return _many(store, rng, op_id, client, session_id, config)
+    if kind in ("many-read", "prefix-read"):
+        return _read_many(store, op_id, client, session_id, config, kind)
+    if kind == "erase":
+        return [_erase(store, op_id, client, run_id)]
+    if kind == "bad-input":
+        return [_bad_input(store, rng, op_id, client, session_id, key)]
+    return [_one_op(store, op_id, client, session_id, key, config, kind, rng)]
+
+
+def _one_op(
+    store: MemoryStore,
+    op_id: str,
+    client: str,
+    session_id: str,
+    key: str,
+    config: WorkloadConfig,
+    kind: str,
+    rng: random.Random,
 ) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key}
-    roll = rng.random()
-    if kind is not None:
-        pass
-    elif roll < 0.4:
-        kind = "recall"
-    elif family in ("list", "ttl"):
-        kind = "append" if family == "list" else "ttl-write"
-    else:
-        kind = "remember" if roll < 0.65 else "cas" if roll < 0.85 else "retry"
-        if roll >= 0.95:
-            kind = "forget"
-        elif kind == "retry" and "idempotent" not in config.workloads:
-            kind = "remember"
     op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
     if kind != "recall" and kind != "forget":
         op.value = token
+        op.ttl = config.ttl if kind == "ttl-write" else _default_ttl()
     call: Callable[[], Any]
     if kind == "recall":
 
@@ -206,27 +313,203 @@ def _one_op(
                 )
             return first
 
+    elif kind == "txn":
+        op.kind = "txn-write"
+        rollback = rng.random() < 0.5
+
+        def call() -> Any:
+            with transaction.atomic(using=store.using):
+                written = store.remember(session_id, key, token)
+                seen = store.recall(session_id, key)
+                if seen is None or (seen.version, seen.value) != (written.version, token):
+                    found = f"v{seen.version}" if seen else "nothing"
+                    raise OwnWriteMissed(
+                        f"inside the transaction, a read after writing v{written.version} "
+                        f"returned {found}"
+                    )
+                if rollback:
+                    raise RolledBack("rolled back by the caller")
+            return written
+
     else:
         call = lambda: store.forget(session_id, key)
+    _call(op, call, in_transaction=kind == "txn")
+    return op
+
+
+def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = False) -> None:
+    """Run ``call``, recording its outcome and times in ``op``."""
     op.invoked_at = _stamp()
     try:
         result = call()
     except VersionConflict as exc:
         op.status, op.error, op.version = "fail", "VersionConflict", exc.actual
-    except (InvalidMemory, IdempotencyBroken) as exc:
+    except (InvalidMemory, IdempotencyBroken, OwnWriteMissed, RolledBack, InjectedFailure) as exc:
         op.status, op.error = "fail", f"{type(exc).__name__}: {exc}"
+    except ErasedRead as exc:
+        op.status, op.error = "fail", f"ErasedRead: {exc}"
     except MemoryUnavailable as exc:
         op.status, op.error = "info", f"MemoryUnavailable: {exc}"
+    except DatabaseError as exc:
+        # Inside the caller's transaction the store cannot retry: a deadlock or a lock timeout
+        # reaches the caller, whose transaction was rolled back. Elsewhere it is an anomaly.
+        transient = in_transaction and classify(exc) is not None
+        op.status = "fail" if transient else "info"
+        prefix = IN_TRANSACTION if transient else type(exc).__name__
+        op.error = f"{prefix}: {exc}"
     except Exception as exc:  # an error that reached the caller: indeterminate, and reported
         op.status, op.error = "info", f"{type(exc).__name__}: {exc}"
     else:
         op.status = "ok"
-        if op.kind == "forget":
-            op.result = result
+        if op.kind in ("forget", "erase", "many", "many-read", "prefix-read"):
+            op.result = result  # the caller unpacks it
+        elif op.kind == "bad-input":
+            op.error = "accepted"
         elif result is not None:
             op.version, op.result = result.version, result.value
             op.expires_at = result.expires_at.timestamp() if result.expires_at else None
     op.completed_at = _stamp()
+
+
+def _many(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    config: WorkloadConfig,
+) -> list[Operation]:
+    """``remember_many`` of two keys; a quarter of the calls fail after the first key."""
+    keys = sorted(rng.sample(config.keys_of("many"), 2))
+    failing = rng.random() < 0.25
+    ops = [
+        Operation(
+            op_id,
+            client,
+            "many",
+            session_id,
+            key,
+            invoked_at=0.0,
+            node=store.using,
+            value={"op": op_id, "s": session_id, "k": key},
+            ttl=_default_ttl(),
+        )
+        for key in keys
+    ]
+
+    def call() -> Any:
+        with fail_after_first_key() if failing else nullcontext():
+            return store.remember_many(session_id, {op.key: op.value for op in ops})
+
+    _call(ops[0], call)
+    written = ops[0].result if ops[0].status == "ok" else None
+    for op in ops:
+        op.invoked_at, op.completed_at = ops[0].invoked_at, ops[0].completed_at
+        op.status, op.error = ops[0].status, ops[0].error
+        op.version = op.result = op.expires_at = None
+        if written is not None:
+            record = written[op.key]
+            op.version, op.result = record.version, record.value
+            op.expires_at = record.expires_at.timestamp() if record.expires_at else None
+    return ops
+
+
+def _read_many(
+    store: MemoryStore,
+    op_id: str,
+    client: str,
+    session_id: str,
+    config: WorkloadConfig,
+    kind: str,
+) -> list[Operation]:
+    """``recall_many`` by keys or by prefix, recorded as one read per key: each key asked for
+    (absent: a read that returned nothing) and each key returned that was not asked for."""
+    keys = config.keys_of("many")
+    prefix = MANY_PREFIX if kind == "prefix-read" else None
+    asked = [k for k in keys if k.startswith(MANY_PREFIX)] if prefix else keys
+    probe = Operation(op_id, client, kind, session_id, "*", invoked_at=0.0, node=store.using)
+
+    def call() -> Any:
+        if prefix is not None:
+            return store.recall_many(session_id, prefix=prefix)
+        return store.recall_many(session_id, keys)
+
+    _call(probe, call)
+    found = probe.result if probe.status == "ok" else None
+    ops = []
+    for key in [*asked, *sorted(set(found or ()) - set(asked))]:
+        op = Operation(
+            f"{op_id}-{key}",
+            client,
+            "recall",
+            session_id,
+            key,
+            invoked_at=probe.invoked_at,
+            completed_at=probe.completed_at,
+            status=probe.status,
+            error=probe.error,
+            node=store.using,
+            source=store.last_read_source,
+            prefix=prefix,
+        )
+        record = (found or {}).get(key)
+        if record is not None:
+            op.version, op.result = record.version, record.value
+            op.expires_at = record.expires_at.timestamp() if record.expires_at else None
+        ops.append(op)
+    return ops
+
+
+def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operation:
+    """In the client's own session: write two keys, read them (the cache fills), erase the
+    session, read again: nothing may be left."""
+    session_id = erase_session_id(run_id, client)
+    op = Operation(op_id, client, "erase", session_id, "*", invoked_at=0.0, node=store.using)
+    keys = ["e-0", "e-1"]
+
+    def call() -> int:
+        for key in keys:
+            store.remember(session_id, key, {"op": op_id, "s": session_id, "k": key})
+        store.recall(session_id, keys[0])
+        store.recall_many(session_id, keys)
+        erased = store.erase_session(session_id)
+        left = sorted(store.recall_many(session_id, keys))
+        if store.recall(session_id, keys[1]) is not None:
+            left.append(keys[1])
+        if left:
+            raise ErasedRead(f"after erase_session, reads still returned {sorted(set(left))}")
+        return erased
+
+    _call(op, call)
+    return op
+
+
+#: Calls with one bad argument each: every one must raise InvalidMemory and write nothing.
+BAD_CALLS: list[tuple[str, Callable[[MemoryStore, str, str, Any], Any]]] = [
+    ("ttl=0", lambda st, s, k, v: st.remember(s, k, v, ttl=0)),
+    ("ttl=-1", lambda st, s, k, v: st.remember(s, k, v, ttl=-1)),
+    ("ttl=1e-7", lambda st, s, k, v: st.remember(s, k, v, ttl=1e-7)),
+    ("a NaN in the value", lambda st, s, k, v: st.remember(s, k, {**v, "x": float("nan")})),
+    ("an empty key", lambda st, s, k, v: st.remember(s, "", v)),
+    ("a key with a newline", lambda st, s, k, v: st.remember(s, k + "\n", v)),
+    ("expected_version=-1", lambda st, s, k, v: st.remember(s, k, v, expected_version=-1)),
+    ("a prefix with a NUL", lambda st, s, k, v: st.recall_many(s, prefix=k + "\x00")),
+    ("remember_many of a str", lambda st, s, k, v: st.remember_many(s, "not a mapping")),
+    ("remember_many with ttl=0", lambda st, s, k, v: st.remember_many(s, {k: v}, ttl=0)),
+]
+
+
+def _bad_input(
+    store: MemoryStore, rng: random.Random, op_id: str, client: str, session_id: str, key: str
+) -> Operation:
+    label, bad = rng.choice(BAD_CALLS)
+    token = {"op": op_id, "s": session_id, "k": key, "bad": label}
+    op = Operation(
+        op_id, client, "bad-input", session_id, key, invoked_at=0.0, value=token, node=store.using
+    )
+    _call(op, lambda: bad(store, session_id, key, token))
+    if op.status == "ok":
+        op.error = f"accepted: {label}"
     return op
 
 
@@ -298,10 +581,7 @@ def final_reads(
         for store in stores:
             for index, session_id in enumerate(session_ids(run_id, config)):
                 for family in families:
-                    for n in range(config.keys):
-                        key = f"{family}-{n}"
+                    for key in config.keys_of(family):
                         op_id = f"final{round_}-{store.using}-{index}-{key}"
-                        op = _one_op(
-                            store, rng, op_id, "final", session_id, family, key, config, "recall"
-                        )
+                        op = _one_op(store, op_id, "final", session_id, key, config, "recall", rng)
                         history.extend([op])

@@ -12,9 +12,10 @@ from django.db.migrations.executor import MigrationExecutor
 
 from ...conf import get_config
 from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
-from ...consistency.faults import FAULTS, FaultsUnavailable
+from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
 from ...consistency.report import render_json, render_text
 from ...consistency.runner import Progress, run_memcheck
+from ...consistency.selftest import Outcome, render_self_test, run_self_test
 from ...consistency.workloads import WORKLOADS, WorkloadConfig
 from ...errors import MemoryUnavailable
 from ...models import Memory
@@ -72,10 +73,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--faults",
             choices=list(FAULTS),
-            default="none",
-            help="inject faults while the workload runs (servers on this machine only): db = kill "
-            "connections server-side and hold competing locks; cache = CLIENT KILL and CLIENT "
-            "PAUSE on Redis; all = both",
+            default=None,
+            help="inject faults while the workload runs (servers on this machine only): lock = "
+            "hold competing locks a moment (the default where the database is on this machine, "
+            "none elsewhere); db = that and kill connections server-side; cache = kill, pause, "
+            "restart and fail over a Redis memcheck starts; all = db and cache",
         )
         parser.add_argument(
             "--workloads",
@@ -90,6 +92,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--audit", action="store_true", help="only check the data already stored, read-only"
+        )
+        parser.add_argument(
+            "--self-test",
+            action="store_true",
+            help="run the workload against the real store, then against each deliberately broken "
+            "variant (agentmemory.defects): exit 0 only if the real store passes and every "
+            "variant is caught",
         )
         parser.add_argument(
             "--grace",
@@ -119,7 +128,79 @@ class Command(BaseCommand):
         database = aliases[0]
         if options["audit"]:
             return self._audit(database, options["format"], options["grace"])
+        options["faults"] = self._faults(aliases, options["faults"], options["unsafe"])
+        if options["self_test"]:
+            return self._self_test(aliases, options)
         self._run(aliases, options)
+
+    def _faults(self, aliases: list[str], asked: str | None, unsafe: bool) -> str:
+        """The faults asked for, or by default the cheapest -- competing locks held a moment --
+        where the database is on this machine."""
+        if asked is not None:
+            return asked
+        try:
+            fault_kinds("lock", aliases[0], None, aliases[1:])
+        except FaultsUnavailable as exc:
+            self.stderr.write(f"memcheck: no default fault here ({exc})")
+            return "none"
+        return "lock"
+
+    def _config(self, options: dict[str, Any]) -> WorkloadConfig:
+        # Without a budget: 2,000 operations; under heavier faults 10 seconds, so that every
+        # kind of fault is injected several times (2,000 operations take about two seconds).
+        light = options["faults"] in ("none", "lock")
+        default_ops, default_seconds = (2000, None) if light else (None, 10.0)
+        budget = options["ops"] or options["seconds"]
+        return WorkloadConfig(
+            workers=options["workers"],
+            keys=options["keys"],
+            seed=options["seed"],
+            ops=options["ops"] if budget else default_ops,
+            seconds=options["seconds"] if budget else default_seconds,
+            workloads=options["workloads"],
+        )
+
+    def _self_test(self, aliases: list[str], options: dict[str, Any]) -> None:
+        if options["unsafe"] or options["processes"]:
+            raise CommandError(
+                "--self-test runs its own variants in threads: drop --unsafe and --processes",
+                returncode=2,
+            )
+
+        def progress(outcome: Outcome) -> None:
+            verdict = "n/a" if not outcome.applicable else "ok" if outcome.passed else "NOT OK"
+            self.stderr.write(
+                f"self-test: {outcome.name}: {verdict} ({outcome.runs} runs, "
+                f"{outcome.seconds:.1f}s)"
+            )
+
+        try:
+            result = run_self_test(
+                aliases, self._config(options), faults=options["faults"], on_outcome=progress
+            )
+        except FaultsUnavailable as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        except (DatabaseError, MemoryUnavailable) as exc:
+            raise CommandError(f"memcheck could not run: {exc}", returncode=2) from exc
+        if options["format"] == "json":
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "database": result.database,
+                        "vendor": result.vendor,
+                        "cache": result.cache,
+                        "faults": result.faults,
+                        "seconds": round(result.seconds, 1),
+                        "ok": result.ok,
+                        "variants": [o.as_dict() for o in result.outcomes],
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            self.stdout.write(render_self_test(result))
+        if not result.ok:
+            raise SystemExit(1)
 
     def _check_ready(self, database: str) -> None:
         # A fresh connection: one left from before (a node restarted since) would fail here.
@@ -144,17 +225,7 @@ class Command(BaseCommand):
 
     def _run(self, aliases: list[str], options: dict[str, Any]) -> None:
         database = ",".join(aliases)
-        # Without a budget: 2,000 operations; under faults 10 seconds, so that every kind of
-        # fault is injected several times (2,000 operations take about two seconds).
-        default_ops, default_seconds = (2000, None) if options["faults"] == "none" else (None, 10.0)
-        config = WorkloadConfig(
-            workers=options["workers"],
-            keys=options["keys"],
-            seed=options["seed"],
-            ops=options["ops"] if options["ops"] or options["seconds"] else default_ops,
-            seconds=options["seconds"] if options["ops"] or options["seconds"] else default_seconds,
-            workloads=options["workloads"],
-        )
+        config = self._config(options)
         try:
             with Progress(config.ops, config.seconds, stream=self.stderr._out) as progress:
                 result = run_memcheck(

@@ -1,0 +1,188 @@
+"""``memcheck --self-test``: memcheck shown to catch each kind of bug, on this database and cache.
+
+The real store runs first and must pass. Then each variant of the catalogue -- the real store with
+one :class:`~agentmemory.defects.Defect` planted -- runs the same workload (the default one, with
+the same faults) in throw-away sessions, and must be caught: at least one anomaly. A variant that
+slips through one run gets ``attempts`` runs in all, each with another seed; the report says
+which checks caught it and in which run. A variant that cannot show here (a cache defect without
+a cache tier, a defect of the retry path where no transient error can be provoked) is reported as
+not applicable, with the reason, and does not count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from ..defects import CACHE_DEFECTS, DESCRIPTIONS, Defect
+from .runner import RunResult, make_store, run_memcheck
+from .workloads import WorkloadConfig
+
+
+@dataclass
+class Outcome:
+    """One line of the self-test's table."""
+
+    name: str
+    description: str
+    applicable: bool = True
+    reason: str = ""  # why not applicable
+    caught: Counter[str] = field(default_factory=Counter)  # anomalies by check, of the catching run
+    runs: int = 0
+    operations: int = 0
+    seconds: float = 0.0
+    example: str = ""  # the first anomaly's message
+
+    @property
+    def passed(self) -> bool:
+        """The real store: no anomaly; a variant: caught (or not applicable here)."""
+        if not self.applicable:
+            return True
+        return not self.caught if self.name == REAL else bool(self.caught)
+
+    def as_dict(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "caught": dict(self.caught), "passed": self.passed}
+
+
+REAL = "(the real store)"
+
+
+@dataclass
+class SelfTestResult:
+    database: str
+    vendor: str
+    cache: str | None
+    faults: str
+    outcomes: list[Outcome]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(outcome.passed for outcome in self.outcomes)
+
+
+def not_applicable(defect: Defect, *, cache: str | None, vendor: str, faults: str) -> str:
+    """Why ``defect`` cannot show on this configuration ('' when it can)."""
+    if defect in CACHE_DEFECTS and cache is None:
+        return "no cache tier (AGENTMEMORY['CACHE'] is not set)"
+    if defect is Defect.NOT_RETRIED:
+        if vendor == "sqlite":
+            return (
+                "SQLite writers wait out a held lock within their busy timeout: no transient "
+                "error arises to retry"
+            )
+        if faults == "none":
+            return "no database fault runs here (the database is not on this machine)"
+    return ""
+
+
+def run_self_test(
+    aliases: Sequence[str],
+    config: WorkloadConfig,
+    *,
+    faults: str,
+    attempts: int = 3,
+    defects: Sequence[Defect] = tuple(Defect),
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> SelfTestResult:
+    """The real store, then each variant in ``defects``; ``on_outcome`` is called after each
+    (for progress)."""
+    started = time.monotonic()
+    database = aliases[0]
+    cache = make_store(database, False).cache_alias
+    vendor = connections[database].vendor
+    outcomes = []
+
+    def run(planted: tuple[Defect, ...], seed: int) -> RunResult:
+        return run_memcheck(
+            list(aliases),
+            dataclasses.replace(config, seed=seed),
+            faults=faults,
+            defects=planted,
+        )
+
+    real = Outcome(REAL, "the store as it ships")
+    _record(real, run((), config.seed))
+    outcomes.append(real)
+    if on_outcome:
+        on_outcome(real)
+    for defect in defects:
+        outcome = Outcome(defect.value, DESCRIPTIONS[defect])
+        outcome.reason = not_applicable(defect, cache=cache, vendor=vendor, faults=faults)
+        outcome.applicable = not outcome.reason
+        for attempt in range(attempts if outcome.applicable else 0):
+            _record(outcome, run((defect,), config.seed + 1 + attempt))
+            if outcome.caught:
+                break
+        outcomes.append(outcome)
+        if on_outcome:
+            on_outcome(outcome)
+    return SelfTestResult(
+        database=",".join(aliases),
+        vendor=connections[database].display_name,
+        cache=cache,
+        faults=faults,
+        outcomes=outcomes,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _record(outcome: Outcome, result: RunResult) -> None:
+    outcome.runs += 1
+    outcome.operations += len(result.history.operations)
+    outcome.seconds += result.seconds
+    outcome.caught = Counter(anomaly.check for anomaly in result.anomalies)
+    if result.anomalies:
+        first = result.anomalies[0]
+        outcome.example = f"[{first.check}] {first.message}"
+
+
+def render_self_test(result: SelfTestResult) -> str:
+    cache = f"cache {result.cache!r}" if result.cache else "no cache tier"
+    lines = [
+        f"memcheck --self-test on {result.vendor} (database {result.database!r}), {cache}, "
+        f"faults: {result.faults}",
+        "",
+        f"  {'variant':<30} {'result':<8} {'runs':>4}  caught by (anomalies)",
+    ]
+    for outcome in result.outcomes:
+        if not outcome.applicable:
+            verdict, detail = "n/a", outcome.reason
+        elif outcome.name == REAL:
+            verdict = "pass" if outcome.passed else "FAIL"
+            detail = "no anomaly" if outcome.passed else _checks(outcome)
+        else:
+            verdict = "caught" if outcome.passed else "MISSED"
+            detail = _checks(outcome) if outcome.passed else "no check caught it"
+        runs = str(outcome.runs) if outcome.applicable else "-"
+        lines.append(f"  {outcome.name:<30} {verdict:<8} {runs:>4}  {detail}")
+    variants = [o for o in result.outcomes if o.name != REAL and o.applicable]
+    caught = sum(o.passed for o in variants)
+    lines += [
+        "",
+        f"{caught} of {len(variants)} variants caught"
+        + (
+            f" ({len(result.outcomes) - 1 - len(variants)} not applicable here)"
+            if len(variants) < len(result.outcomes) - 1
+            else ""
+        )
+        + f"; the real store {'passed' if result.outcomes[0].passed else 'FAILED'}; "
+        f"{result.seconds:.0f}s",
+        "RESULT: " + ("self-test passed" if result.ok else "self-test FAILED"),
+    ]
+    missed = [o for o in result.outcomes if not o.passed]
+    for outcome in missed:
+        if outcome.name == REAL:
+            lines.append(f"  the real store: {outcome.example}")
+        else:
+            lines.append(f"  missed: {outcome.name} -- {outcome.description}")
+    return "\n".join(lines) + "\n"
+
+
+def _checks(outcome: Outcome) -> str:
+    return ", ".join(f"{check} ({n})" for check, n in outcome.caught.most_common())

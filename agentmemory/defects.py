@@ -1,0 +1,114 @@
+"""Declared seams for proving the checker: deliberate bugs, and one injected failure.
+
+``MemoryStore(defects={Defect.…})`` builds a store with one (or more) of the bugs below planted at
+one named place of the real code -- no monkeypatching, so what ``memcheck --self-test`` runs is the
+code that ships, with one decision turned the wrong way. Each defect is a bug that has been written
+in real stores: an unlocked read-then-write, a cache update lost after a commit, a sliding TTL, a
+case-insensitive ``LIKE``. The self-test runs memcheck against each and reports which check caught
+it (:mod:`agentmemory.consistency.selftest`). Never for data.
+
+:func:`fail_after_first_key` is the injected failure: inside it, a multi-key write of this thread
+raises :class:`InjectedFailure` after its first key is written (a failpoint, as TiKV and FreeBSD
+have them). The real store rolls the whole write back; a non-atomic one has committed the first
+key already.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+
+
+class Defect(StrEnum):
+    NO_ROW_LOCK = "no-row-lock"
+    LOST_CACHE_UPDATE = "lost-cache-update"
+    FILL_WITHOUT_LEASE = "fill-without-lease"
+    EXPIRED_FROM_CACHE = "expired-served-from-cache"
+    TTL_RENEWED_ON_READ = "ttl-renewed-on-read"
+    TTL_KEPT_ON_OVERWRITE = "ttl-kept-on-overwrite"
+    TTL_ZERO_IS_FOREVER = "ttl-zero-is-forever"
+    NON_ATOMIC_MANY = "non-atomic-remember-many"
+    SPURIOUS_CAS_CONFLICT = "spurious-cas-conflict"
+    SKIPPED_VERSION = "skipped-version"
+    IDEMPOTENCY_IGNORED = "idempotency-ignored"
+    CASE_INSENSITIVE_PREFIX = "case-insensitive-prefix"
+    SESSION_PREFIX_MATCH = "session-prefix-match"
+    ERASE_LEAVES_CACHE = "erase-leaves-cache"
+    TRANSACTION_READS_CACHE = "transaction-reads-cache"
+    NOT_RETRIED = "transient-errors-not-retried"
+
+
+#: What each defect does, where it is planted (for the self-test's table and the docs).
+DESCRIPTIONS = {
+    Defect.NO_ROW_LOCK: "writes read the row before taking its lock (read-then-write race)",
+    Defect.LOST_CACHE_UPDATE: "a write never updates Redis (no tombstone, no update after commit)",
+    Defect.FILL_WITHOUT_LEASE: "a reader fills Redis with what it read, later, lease or not",
+    Defect.EXPIRED_FROM_CACHE: "Redis entries outlive their TTL and hits are not checked for it",
+    Defect.TTL_RENEWED_ON_READ: "a recall pushes the memory's expiry forward (a sliding TTL)",
+    Defect.TTL_KEPT_ON_OVERWRITE: "a write without ttl keeps the expiry of the version it replaces",
+    Defect.TTL_ZERO_IS_FOREVER: "ttl <= 0 is read as 'no TTL' instead of refused",
+    Defect.NON_ATOMIC_MANY: "remember_many commits key by key",
+    Defect.SPURIOUS_CAS_CONFLICT: "a compare-and-set conflicts although the expected version is current",
+    Defect.SKIPPED_VERSION: "the third write of a memory is numbered 4",
+    Defect.IDEMPOTENCY_IGNORED: "the caller's idempotency key is not looked up",
+    Defect.CASE_INSENSITIVE_PREFIX: "recall_many(prefix=) matches keys case-insensitively",
+    Defect.SESSION_PREFIX_MATCH: "recall_many matches sessions by prefix, not equality",
+    Defect.ERASE_LEAVES_CACHE: "erase_session leaves the session's Redis entries",
+    Defect.TRANSACTION_READS_CACHE: "reads inside a caller's transaction go through Redis",
+    Defect.NOT_RETRIED: "deadlocks, lock timeouts and dropped connections reach the caller",
+}
+
+#: Defects that live in the Redis tier: without one, there is nothing to break.
+CACHE_DEFECTS = frozenset(
+    {
+        Defect.LOST_CACHE_UPDATE,
+        Defect.FILL_WITHOUT_LEASE,
+        Defect.EXPIRED_FROM_CACHE,
+        Defect.ERASE_LEAVES_CACHE,
+        Defect.TRANSACTION_READS_CACHE,
+    }
+)
+
+#: With FILL_WITHOUT_LEASE: seconds between a reader's database read and its fill (a slow reader:
+#: a GC pause, a busy event loop).
+SLOW_FILL_SECONDS = 0.01
+
+
+class Defects(frozenset[Defect]):
+    """The defects of one store: empty for every store but memcheck's self-test variants."""
+
+    def __new__(cls, defects: Iterable[Defect | str] = ()) -> Defects:
+        return super().__new__(cls, (Defect(d) for d in defects))
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(sorted(self)) + "}"
+
+
+NONE = Defects()
+
+
+class InjectedFailure(Exception):
+    """Raised by a multi-key write inside :func:`fail_after_first_key`, after its first key."""
+
+
+_armed = threading.local()
+
+
+@contextmanager
+def fail_after_first_key() -> Iterator[None]:
+    """Inside this block, this thread's next multi-key write fails after writing its first key:
+    nothing of it may remain (``remember_many`` is all or nothing)."""
+    _armed.on = True
+    try:
+        yield
+    finally:
+        _armed.on = False
+
+
+def failpoint_after_first_key() -> None:
+    """Called by the write path after the first key of a multi-key write."""
+    if getattr(_armed, "on", False):
+        _armed.on = False
+        raise InjectedFailure("remember_many failed after its first key (an injected failure)")
