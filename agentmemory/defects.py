@@ -73,7 +73,7 @@ CACHE_DEFECTS = frozenset(
 
 #: With FILL_WITHOUT_LEASE: seconds between a reader's database read and its fill (a slow reader:
 #: a GC pause, a busy event loop).
-SLOW_FILL_SECONDS = 0.01
+SLOW_FILL_SECONDS = 0.05
 
 
 class Defects(frozenset[Defect]):

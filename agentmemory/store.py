@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
+from django.db.models.functions import Lower
 
 from . import clock, validation
 from .cache import MemoryCache
@@ -342,7 +343,10 @@ class MemoryStore:
         if prefix is not None:
             prefix = validation.check_prefix(prefix)
             if Defect.CASE_INSENSITIVE_PREFIX in self.defects:
-                rows = rows.filter(key__istartswith=prefix)
+                # LOWER(key) LIKE 'prefix%': case-insensitive whatever the column's collation.
+                rows = rows.alias(lower_key=Lower("key")).filter(
+                    lower_key__startswith=prefix.lower()
+                )
                 prefix = None  # and no exact test after it
             else:
                 rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))

@@ -37,25 +37,50 @@ def op(
     return o
 
 
-def write(id_, t0, t1, version, **kw):
-    return op(id_, "remember", t0, t1, version=version, value=w(id_), result=w(id_), **kw)
+def write(id_, t0, t1, version, kind="remember", **kw):
+    return op(id_, kind, t0, t1, version=version, value=w(id_), result=w(id_), **kw)
 
 
 def read(id_, t0, t1, version, token, **kw):
     return op(id_, "recall", t0, t1, version=version, result=w(token) if token else None, **kw)
 
 
-def stored(*tokens, live=None, key=K, created=None):
+def stored(*tokens, live=None, key=K, created=None, expires=None):
+    """A key whose versions hold ``tokens``; version i+1 created at ``created[i]`` (default i)
+    and expiring at ``expires[i]`` (default never)."""
     versions = [
-        StoredVersion(i + 1, "write", w(t, k=key), created[i] if created else float(i), None)
+        StoredVersion(
+            i + 1,
+            "write",
+            w(t, k=key),
+            created[i] if created else float(i),
+            expires[i] if expires else None,
+        )
         for i, t in enumerate(tokens)
     ]
-    return StoredKey(rows=1, live_version=live or len(tokens), live_state="live", versions=versions)
+    return StoredKey(
+        rows=1,
+        live_version=live or len(tokens),
+        live_state="live",
+        live_expires_at=versions[-1].expires_at if versions else None,
+        versions=versions,
+    )
 
 
 def found(ops, state):
     history = History("r", list(ops))
     return Counter(a.check for a in check_history(history, state))
+
+
+def _forgotten_at(when, then=None):
+    """v1 = w1 (created at 0), v2 = a forget created at ``when``, then v3 = ``then`` if given."""
+    key = stored("w1")
+    key.versions.append(StoredVersion(2, "forget", None, when, None))
+    if then:
+        key.versions.append(StoredVersion(3, "write", w(then), when + 1, None))
+    key.live_version = len(key.versions)
+    key.live_state = "live" if then else "forgotten"
+    return key
 
 
 CLEAN = [write("w1", 0, 1, 1), read("r1", 2, 3, 1, "w1"), write("w2", 4, 5, 2)]
@@ -151,8 +176,62 @@ CASES = {
         stored("w1"),
     ),
     "expired-read": (
-        [write("w1", 0, 1, 1), read("r", 5, 6, 1, "w1", expires_at=4.0)],
+        # The read reports no expiry; the version was stored expiring at 4.
+        [write("w1", 0, 1, 1, ttl=4.0, expires_at=4.0), read("r", 5, 6, 1, "w1")],
+        stored("w1", created=[0.0], expires=[4.0]),
+    ),
+    "ttl-stored": (
+        # Written without a TTL, stored with one (kept from the version before, say).
+        [write("w1", 0, 1, 1, expires_at=9.0)],
+        stored("w1", created=[0.5], expires=[9.0]),
+    ),
+    "expiry-mismatch": (
+        # A read reports a later expiry than its version was stored with (a sliding TTL).
+        [write("w1", 0, 1, 1, ttl=4.0, expires_at=4.5), read("r", 2, 3, 1, "w1", expires_at=6.0)],
+        stored("w1", created=[0.5], expires=[4.5]),
+    ),
+    "spurious-conflict": (
+        [
+            write("w1", 0, 1, 1),
+            op(
+                "c",
+                "cas",
+                2,
+                3,
+                status="fail",
+                value=w("c"),
+                expected_version=1,
+                version=1,
+                error="VersionConflict",
+            ),
+        ],
         stored("w1"),
+    ),
+    "prefix-read": (
+        [write("w1", 0, 1, 1), read("r", 2, 3, 1, "w1", prefix="REG-")],
+        stored("w1"),
+    ),
+    "read-own-write": (
+        [
+            op(
+                "t",
+                "txn-write",
+                0,
+                1,
+                status="fail",
+                value=w("t"),
+                error="OwnWriteMissed: inside the transaction, a read returned nothing",
+            )
+        ],
+        StoredKey(),
+    ),
+    "erased-read": (
+        [op("e", "erase", 0, 1, status="fail", error="ErasedRead: reads still returned ['e-0']")],
+        StoredKey(),
+    ),
+    "bad-input": (
+        [op("b", "bad-input", 0, 1, status="ok", value=w("b"), error="accepted: ttl=0")],
+        StoredKey(),
     ),
     "caller-error": (
         [op("w1", "remember", 0, 1, status="info", value=w("w1"), error="OperationalError: boom")],
@@ -205,5 +284,230 @@ def test_every_check_has_a_planted_case_here_or_a_database_test():
     # duplicate-row needs two rows for one (session_id, key), which the unique constraint forbids
     # on every database, so it cannot be planted; cache-divergence needs Redis (test_memcheck);
     # list-order has its own test above.
-    elsewhere = {"duplicate-row", "cache-divergence", "list-order"}
+    # all-or-nothing spans keys: its own test below.
+    elsewhere = {"duplicate-row", "cache-divergence", "list-order", "all-or-nothing"}
     assert set(CHECKS) == set(CASES) | elsewhere
+
+
+def many(id_, key, status, **kw):
+    return op(id_, "many", 0, 1, status=status, value=w(id_, k=key), key=key, **kw)
+
+
+@pytest.mark.parametrize(
+    ("status", "landed", "anomalies"),
+    [
+        ("fail", [], Counter()),  # failed, nothing stored: as promised
+        ("info", ["many-0", "many-1"], Counter()),  # unknown outcome, stored on both: fine
+        ("info", [], Counter()),  # ...or on neither
+        ("fail", ["many-0"], Counter({"all-or-nothing": 1, "phantom-write": 1})),
+        ("info", ["many-1"], Counter({"all-or-nothing": 1})),
+    ],
+)
+def test_remember_many_is_stored_on_all_of_its_keys_or_none(status, landed, anomalies):
+    error = "MemoryUnavailable: x" if status == "info" else "InjectedFailure: x"
+    ops = [many("m", "many-0", status, error=error), many("m", "many-1", status, error=error)]
+    state = {(S, key): stored("m", key=key) for key in landed}
+    assert found(ops, state) == anomalies
+
+
+# Every excuse the checker makes, with a planted case on each side of it: (ops, state, check,
+# whether it must be flagged). A checker that widened an excuse fails the "flagged" side; one
+# that dropped it fails the other.
+EXCUSES = {
+    # A read must see what was acknowledged before it *began*; a write that completed while it
+    # ran is not owed to it.
+    "stale: ack completed after the read began": (
+        [write("w1", 0, 1, 1), write("w2", 2, 4.5, 2), read("r", 4, 5, 1, "w1")],
+        stored("w1", "w2"),
+        "stale-read",
+        False,
+    ),
+    "stale: ack completed before the read began": (
+        [write("w1", 0, 1, 1), write("w2", 2, 3.9, 2), read("r", 4, 5, 1, "w1")],
+        stored("w1", "w2"),
+        "stale-read",
+        True,
+    ),
+    # Nothing read though v1 was acknowledged: excused only if the memory was absent at some
+    # instant of the read -- its expiry passed before the read *completed*...
+    "nothing read: expired before the read completed": (
+        [write("w1", 0, 1, 1, ttl=4.5), read("r", 4, 5, None, None)],
+        stored("w1", created=[0.0], expires=[4.5]),
+        "stale-read",
+        False,
+    ),
+    "nothing read: expired only after the read completed": (
+        [write("w1", 0, 1, 1, ttl=5.5), read("r", 4, 5, None, None)],
+        stored("w1", created=[0.0], expires=[5.5]),
+        "stale-read",
+        True,
+    ),
+    # ...or a forget was stored before the read completed.
+    "nothing read: forgotten before the read completed": (
+        [write("w1", 0, 1, 1), op("f", "forget", 3, 4.5, result=True), read("r", 4, 5, None, None)],
+        _forgotten_at(4.5),
+        "stale-read",
+        False,
+    ),
+    "nothing read: forgotten only after the read completed": (
+        [write("w1", 0, 1, 1), op("f", "forget", 5, 6, result=True), read("r", 4, 5, None, None)],
+        _forgotten_at(5.5),
+        "stale-read",
+        True,
+    ),
+    # A version whose stored expiry passed during the read may be returned; before it began, not.
+    "expired during the read": (
+        [write("w1", 0, 1, 1, ttl=4.5, expires_at=4.5), read("r", 4, 5, 1, "w1", expires_at=4.5)],
+        stored("w1", created=[0.0], expires=[4.5]),
+        "expired-read",
+        False,
+    ),
+    "expired before the read began": (
+        [write("w1", 0, 1, 1, ttl=3.5, expires_at=3.5), read("r", 4, 5, 1, "w1", expires_at=3.5)],
+        stored("w1", created=[0.0], expires=[3.5]),
+        "expired-read",
+        True,
+    ),
+    # Stored expiries are compared with a tolerance of TIME_TOLERANCE, no more.
+    "ttl stored within the tolerance": (
+        [write("w1", 0, 1, 1, ttl=4.0, expires_at=4.0015)],
+        stored("w1", created=[0.0], expires=[4.0015]),
+        "ttl-stored",
+        False,
+    ),
+    "ttl stored past the tolerance": (
+        [write("w1", 0, 1, 1, ttl=4.0, expires_at=4.01)],
+        stored("w1", created=[0.0], expires=[4.01]),
+        "ttl-stored",
+        True,
+    ),
+    # A version no acknowledged call wrote: fine if its call's outcome was unknown, not if failed.
+    "stored by an indeterminate call": (
+        [write("w1", 0, 1, 1, status="info", error="MemoryUnavailable: x")],
+        stored("w1"),
+        "phantom-write",
+        False,
+    ),
+    "stored by a failed call": (
+        [write("w1", 0, 1, 1, status="fail", error="InjectedFailure: x")],
+        stored("w1"),
+        "phantom-write",
+        True,
+    ),
+    # A read may return what an indeterminate call wrote, never what a failed one did.
+    "read of an indeterminate write": (
+        [
+            write("w1", 0, 1, 1, status="info", error="MemoryUnavailable: x"),
+            read("r", 2, 3, 1, "w1"),
+        ],
+        stored("w1"),
+        "aborted-read",
+        False,
+    ),
+    "read of a failed write": (
+        [write("w1", 0, 1, 1, status="fail", error="RolledBack: x"), read("r", 2, 3, 1, "w1")],
+        stored("w1"),
+        "aborted-read",
+        True,
+    ),
+    # Monotonic reads are per client: two clients may see different versions in any order.
+    "another client reads older": (
+        [
+            write("w1", 0, 1, 1),
+            write("w2", 2, 9, 2),
+            read("r1", 3, 4, 2, "w2", client="a"),
+            read("r2", 5, 6, 1, "w1", client="b"),
+        ],
+        stored("w1", "w2"),
+        "non-monotonic-read",
+        False,
+    ),
+    "the same client reads older": (
+        [
+            write("w1", 0, 1, 1),
+            write("w2", 2, 9, 2),
+            read("r1", 3, 4, 2, "w2", client="a"),
+            read("r2", 5, 6, 1, "w1", client="a"),
+        ],
+        stored("w1", "w2"),
+        "non-monotonic-read",
+        True,
+    ),
+    # A CAS expecting "no memory" may land over a forgotten version, not over a live one.
+    "cas expecting 0 after a forget": (
+        [write("w1", 0, 1, 1), op("c", "cas", 3, 4, version=3, value=w("c"), expected_version=0)],
+        _forgotten_at(2.0, then="c"),
+        "cas-violation",
+        False,
+    ),
+    "cas expecting 0 over a live version": (
+        [write("w1", 0, 1, 1), op("c", "cas", 3, 4, version=2, value=w("c"), expected_version=0)],
+        stored("w1", "c"),
+        "cas-violation",
+        True,
+    ),
+    # A conflict reporting another version than the one expected is a real conflict.
+    "a conflict with another version": (
+        [
+            write("w1", 0, 1, 1),
+            op(
+                "c",
+                "cas",
+                2,
+                3,
+                status="fail",
+                value=w("c"),
+                expected_version=1,
+                version=2,
+                error="VersionConflict",
+            ),
+        ],
+        stored("w1"),
+        "spurious-conflict",
+        False,
+    ),
+    # Errors: MemoryUnavailable and a transient error inside the caller's own transaction are
+    # expected; anything else reaching a caller is not.
+    "MemoryUnavailable": (
+        [write("w1", 0, 1, 1, status="info", error="MemoryUnavailable: down")],
+        StoredKey(),
+        "caller-error",
+        False,
+    ),
+    "a deadlock inside the caller's transaction": (
+        [
+            write(
+                "t",
+                0,
+                1,
+                None,
+                kind="txn-write",
+                status="fail",
+                error="Transient in the caller's transaction: (1213, 'Deadlock')",
+            )
+        ],
+        StoredKey(),
+        "caller-error",
+        False,
+    ),
+    "a deadlock outside any transaction": (
+        [write("w1", 0, 1, None, status="info", error="OperationalError: (1213, 'Deadlock')")],
+        StoredKey(),
+        "caller-error",
+        True,
+    ),
+    # A prefix read may return keys that start with the prefix exactly.
+    "prefix read of a matching key": (
+        [write("w1", 0, 1, 1), read("r", 2, 3, 1, "w1", prefix="reg-")],
+        stored("w1"),
+        "prefix-read",
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXCUSES))
+def test_each_excuse_on_both_sides(case):
+    ops, state, check, flagged = EXCUSES[case]
+    anomalies = found(ops, {(S, K): state} if state.rows else {})
+    assert (anomalies[check] > 0) is flagged, anomalies
