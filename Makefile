@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv themselves on a fresh machine.
-.PHONY: memcheck test demo bench bench-quick lint
+.PHONY: memcheck test matrix demo bench bench-quick lint
 
 # The main job: memcheck on the embedded SQLite default.
 memcheck:
@@ -10,6 +10,12 @@ memcheck:
 # The whole test suite on SQLite, MariaDB and PostgreSQL (starts the servers if they are down).
 test:
 	@bash scripts/test.sh
+
+# The support matrix (noxfile.py): the SQLite suite on every (Python, Django) pair, lint, and the
+# wheel installed into a fresh project. `make matrix SESSIONS="-s package"` for one session.
+matrix:
+	@bash scripts/bootstrap.sh
+	@.venv/bin/python -m nox $(SESSIONS)
 
 # The admin with a few sample memories: http://127.0.0.1:8000/admin/ (admin / admin).
 demo:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.3.0"
+
 from .errors import (
     AgentMemoryError,
     InvalidMemory,

@@ -206,6 +206,38 @@ def database_warnings(alias: str, database: dict[str, Any]) -> list[Warning]:
     return []
 
 
+@register()
+def check_tidb_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E017: django-tidb declares no Django requirement; its X.Y must be Django's X.Y."""
+    if not any(db.get("ENGINE") == "django_tidb" for db in settings.DATABASES.values()):
+        return []
+    from importlib.metadata import PackageNotFoundError, version
+
+    import django
+
+    try:
+        installed = version("django-tidb")
+    except PackageNotFoundError:
+        installed = None
+    return tidb_backend_errors(installed, django.get_version())
+
+
+def tidb_backend_errors(tidb_version: str | None, django_version: str) -> list[Error]:
+    line = ".".join(django_version.split(".")[:2])
+    if tidb_version is not None and tidb_version.split(".")[:2] == line.split("."):
+        return []
+    found = f"django-tidb {tidb_version}" if tidb_version else "no django-tidb"
+    return [
+        Error(
+            f"A database uses the django_tidb backend, and {found} is installed beside Django "
+            f"{django_version}: django-tidb X.Y supports Django X.Y only.",
+            hint=f"pip install 'django-tidb~={line}.0' (none exists for Django 6.1 yet: use "
+            "Django 6.0 or 5.2 with TiDB).",
+            id="agentmemory.E017",
+        )
+    ]
+
+
 @register(Tags.database)
 def check_tidb_server(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Error]:
     """TiDB must run pessimistic transactions (optimistic ones ignore the row lock until COMMIT)

@@ -4,13 +4,17 @@
 # Installs what it needs (scripts/bootstrap.sh), starts the servers if they are down
 # (scripts/services.sh), then lints, checks migrations, and runs pytest once per backend.
 # A backend that cannot be reached fails the run; nothing is skipped.
-# Usage: scripts/test.sh [pytest args...]     BACKENDS="sqlite mariadb" to run a subset.
+# Usage: scripts/test.sh [pytest args...]     BACKENDS="sqlite mariadb" to run a subset;
+# PY=/path/to/python to test another interpreter's installation (no bootstrap then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/bootstrap.sh || exit 1
+# PY: the interpreter to test with (nox's `servers` session passes its own); default .venv's.
+if [ -z "${PY:-}" ]; then
+  bash scripts/bootstrap.sh || exit 1
+  PY=.venv/bin/python
+fi
 bash scripts/services.sh || exit 1
-PY=.venv/bin/python
 
 echo "== lint: ruff check, ruff format --check"
 $PY -m ruff check . && $PY -m ruff format --check . || { echo "lint failed"; exit 1; }

@@ -3,7 +3,13 @@
 import pytest
 from django.core.checks import Error
 
-from agentmemory.checks import check_settings, database_warnings, tidb_errors
+from agentmemory.checks import (
+    check_settings,
+    check_tidb_backend,
+    database_warnings,
+    tidb_backend_errors,
+    tidb_errors,
+)
 
 
 def ids(messages):
@@ -118,3 +124,31 @@ def test_cache_protection_off_and_a_sharded_cache_are_errors(settings):
 def test_bad_history_retention_is_an_error(settings, retention):
     settings.AGENTMEMORY = {"HISTORY_RETENTION": retention}
     assert ids(check_settings()) == ["agentmemory.E016"]
+
+
+@pytest.mark.parametrize(
+    ("tidb", "django", "ok"),
+    [
+        ("5.2.1", "5.2.19", True),
+        ("6.0.1", "6.0.10", True),
+        ("6.0.1", "5.2.19", False),  # pip's newest on Python 3.12, beside Django 5.2
+        ("5.2.1", "6.1.3", False),
+        (None, "6.1.3", False),
+    ],
+)
+def test_django_tidb_must_match_the_django_line(tidb, django, ok):
+    errors = tidb_backend_errors(tidb, django)
+    assert (errors == []) is ok
+    if not ok:
+        assert ids(errors) == ["agentmemory.E017"]
+        assert f"django-tidb~={'.'.join(django.split('.')[:2])}.0" in errors[0].hint
+
+
+def test_the_tidb_backend_check_looks_at_the_installed_packages(settings):
+    from importlib.metadata import version
+
+    import django
+
+    settings.DATABASES = {**settings.DATABASES, "tidb": {"ENGINE": "django_tidb"}}
+    expected = tidb_backend_errors(version("django-tidb"), django.get_version())
+    assert check_tidb_backend() == expected
