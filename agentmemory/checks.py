@@ -155,6 +155,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="agentmemory.E004",
             )
         )
+    threads = config["ASYNC_THREADS"]
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+        errors.append(
+            Error(
+                f"AGENTMEMORY['ASYNC_THREADS'] is {threads!r}.",
+                hint="The async twins' thread pool size: an int from 1 to 1024 (default 16); "
+                "each thread holds its own database connection.",
+                id="agentmemory.E018",
+            )
+        )
     size = config["MAX_VALUE_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         errors.append(

@@ -45,6 +45,10 @@ DEFAULTS: dict[str, Any] = {
     # RECONNECT: a lost connection is reopened and the call retried (False: it fails at once;
     # memcheck's tests use it to show that the connection-kill fault bites).
     "RETRY": {"ATTEMPTS": 12, "BASE_DELAY": 0.005, "MAX_DELAY": 0.5, "RECONNECT": True},
+    # The async twins (aremember, arecall, ..., the LangGraph adapter's abatch) run the store's
+    # calls on a pool of this many threads, each with its own database connections: at most
+    # this many connections per database for all async callers of the process together.
+    "ASYNC_THREADS": 16,
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])

@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.db.models.functions import Lower
 
-from . import clock, validation
+from . import aio, clock, validation
 from .cache import MemoryCache
 from .conf import get_config
 from .defects import Defect, Defects
@@ -488,40 +487,40 @@ class MemoryStore:
     # ------------------------------------------------------------------ async twins
 
     async def aremember(self, session_id: str, key: str, value: Any, **kwargs: Any) -> MemoryRecord:
-        return await sync_to_async(self.remember)(session_id, key, value, **kwargs)
+        return await aio.run(self.remember, session_id, key, value, **kwargs)
 
     async def aupdate(
         self, session_id: str, key: str, fn: Callable[[Any], Any], **kwargs: Any
     ) -> MemoryRecord:
-        return await sync_to_async(self.update)(session_id, key, fn, **kwargs)
+        return await aio.run(self.update, session_id, key, fn, **kwargs)
 
     async def aremember_many(
         self, session_id: str, items: Mapping[str, Any], **kwargs: Any
     ) -> dict[str, MemoryRecord]:
-        return await sync_to_async(self.remember_many)(session_id, items, **kwargs)
+        return await aio.run(self.remember_many, session_id, items, **kwargs)
 
     async def arecall(self, session_id: str, key: str, **kwargs: Any) -> MemoryRecord | None:
-        return await sync_to_async(self.recall)(session_id, key, **kwargs)
+        return await aio.run(self.recall, session_id, key, **kwargs)
 
     async def arecall_many(
         self, session_id: str, keys: Iterable[str] | None = None, **kwargs: Any
     ) -> dict[str, MemoryRecord]:
-        return await sync_to_async(self.recall_many)(session_id, keys, **kwargs)
+        return await aio.run(self.recall_many, session_id, keys, **kwargs)
 
     async def aforget(self, session_id: str, key: str, **kwargs: Any) -> bool:
-        return await sync_to_async(self.forget)(session_id, key, **kwargs)
+        return await aio.run(self.forget, session_id, key, **kwargs)
 
     async def ahistory(self, session_id: str, key: str, **kwargs: Any) -> list[MemoryVersionRecord]:
-        return await sync_to_async(self.history)(session_id, key, **kwargs)
+        return await aio.run(self.history, session_id, key, **kwargs)
 
     async def arevert(self, session_id: str, key: str, version: int, **kwargs: Any) -> MemoryRecord:
-        return await sync_to_async(self.revert)(session_id, key, version, **kwargs)
+        return await aio.run(self.revert, session_id, key, version, **kwargs)
 
     async def aexpire(self, session_id: str, key: str, **kwargs: Any) -> bool:
-        return await sync_to_async(self.expire)(session_id, key, **kwargs)
+        return await aio.run(self.expire, session_id, key, **kwargs)
 
     async def aforget_session(self, session_id: str) -> int:
-        return await sync_to_async(self.forget_session)(session_id)
+        return await aio.run(self.forget_session, session_id)
 
     # ------------------------------------------------------------------ helpers
 

@@ -17,6 +17,7 @@ put/get, for comparison, not the same work.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -43,7 +44,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 
-from agentmemory import MemoryStore  # noqa: E402
+from agentmemory import MemoryStore, aio  # noqa: E402
 from agentmemory.consistency.runner import run_memcheck  # noqa: E402
 from agentmemory.consistency.workloads import WorkloadConfig  # noqa: E402
 from bench import raw  # noqa: E402
@@ -251,6 +252,49 @@ def measure(alias: str, size: dict, repeats: int, redis: bool) -> list[dict[str,
             rows.append(figure(alias, cached, name, store_runs, {"raw driver": raw_runs}))
     rows += read_figures(alias, size, repeats, redis)
     return rows
+
+
+def async_figures(alias: str, size: dict, repeats: int) -> list[dict[str, Any]]:
+    """32 concurrent ``aremember`` tasks in one event loop against ``threads`` threads calling
+    ``remember``: the same writes (spread over 1,000 keys), the same total."""
+    store = MemoryStore(using=alias, cache=None)
+    value = {"note": "a memory of typical size", "tags": ["a", "b", "c"], "n": 0}
+    threads, writes, tasks = size["threads"], size["writes"], 32
+    total = threads * writes
+
+    def keys(index: int, count: int) -> list[str]:
+        rng = random.Random(index)
+        return [f"k{rng.randrange(1000)}" for _ in range(count)]
+
+    def sync_threads() -> float:
+        s = f"bench-{uuid.uuid4().hex[:10]}"
+        return run_threads(
+            threads, lambda i: [store.remember(s, k, value) for k in keys(i, writes)] and writes
+        )
+
+    def async_tasks() -> float:
+        s = f"bench-{uuid.uuid4().hex[:10]}"
+        per_task = total // tasks
+
+        async def task(index: int) -> None:
+            for key in keys(index, per_task):
+                await store.aremember(s, key, value)
+
+        async def main() -> float:
+            started = time.perf_counter()
+            await asyncio.gather(*(task(i) for i in range(tasks)))
+            return per_task * tasks / (time.perf_counter() - started)
+
+        return asyncio.run(main())
+
+    progress(f"{alias}: aremember, {tasks} tasks")
+    ours, theirs = [], []
+    for _ in range(repeats):
+        ours.append(async_tasks())
+        theirs.append(sync_threads())
+    aio.close_connections()
+    label = f"remember, {threads} threads (sync)"
+    return [figure(alias, False, f"aremember, {tasks} concurrent tasks", ours, {label: theirs})]
 
 
 def figure(
@@ -580,6 +624,7 @@ def main() -> None:
     figures: list[dict[str, Any]] = []
     for alias in backends:
         figures += measure(alias, size, repeats, redis)
+        figures += async_figures(alias, size, repeats)
         figures += langgraph_figures(alias, size, repeats)
         figures.append(round_trips(alias))
         figures.append(memcheck_figure(alias, size, redis))

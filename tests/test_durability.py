@@ -15,6 +15,7 @@ def _recall(session_id, key):
     return None if record is None else (record.version, record.value)
 
 
+@pytest.mark.slow
 def test_acknowledged_writes_survive_closing_connections_and_a_new_process(store):
     store.remember("s", "k", {"kept": True})
     store.remember("s", "k", {"kept": "twice"})

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import dj_database_url
+import pytest
 from django.conf import settings
 
 from project.settings import cluster_urls
@@ -48,6 +49,9 @@ def run_example(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=300,
     )
+
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_example_project_passes_with_the_plugin():

@@ -63,6 +63,7 @@ def test_memcheck_json_report(tmp_path):
     assert {"p50", "p95", "p99"} <= set(report["latency_ms"]["recall"])
 
 
+@pytest.mark.slow
 def test_memcheck_with_processes():
     code, out = run("--ops", "200", "--workers", "2", "--processes", "2")
     assert code == 0, out
@@ -94,6 +95,7 @@ def run_json(*args):
     return code, json.loads(out) if out.strip().startswith("{") else out
 
 
+@pytest.mark.slow
 def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
     redis_alias()
     code, report = run_json("--faults", "all", "--seconds", "8", "--workers", "6")
@@ -109,6 +111,7 @@ def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
     assert report["counts"]["recall"]["ok"] > 0
 
 
+@pytest.mark.slow
 def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, vendor):
     """The kill fault bites: with reconnect-and-retry switched off, callers see the errors."""
     settings.AGENTMEMORY = {**settings.AGENTMEMORY, "RETRY": {"RECONNECT": False}}
@@ -121,6 +124,7 @@ def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, v
     assert any(a["check"] == "caller-error" for a in report["anomalies"]), report["anomalies"][:3]
 
 
+@pytest.mark.slow
 def test_cache_faults_catch_a_cache_tier_without_its_protection(settings):
     """The Redis faults bite: if a writer that could not update Redis neither left a tombstone
     nor recorded the key and waited out the fence, readers are served stale versions after the

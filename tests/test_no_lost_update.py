@@ -142,6 +142,7 @@ def _write_many(session_id, key, worker, count):
     return [store.remember(session_id, key, {"p": worker, "i": i}).version for i in range(count)]
 
 
+@pytest.mark.slow
 def test_concurrent_processes_never_lose_an_update(store):
     results = run_processes(_write_many, [("s", "proc", p, 50) for p in range(4)])
     acknowledged = sorted(v for versions in results for v in versions)

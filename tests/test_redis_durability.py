@@ -17,7 +17,7 @@ from agentmemory.cache import entry_version
 from agentmemory.consistency.redis_servers import RedisServer, SentinelGroup
 from project.settings import redis_cache
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 RECALLS = 20
 

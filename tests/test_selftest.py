@@ -94,6 +94,7 @@ def run(*args: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+@pytest.mark.slow
 def test_the_self_test_catches_every_variant_on_this_backend(settings):
     """The real store passes; every variant that applies here is caught by at least one check;
     the rest say why they do not apply. With and without Redis: the cache variants apply only

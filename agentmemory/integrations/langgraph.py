@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, unquote
 
-from asgiref.sync import sync_to_async
 from django.db import connections
 from langgraph.store.base import (
     NOT_PROVIDED,
@@ -41,7 +40,7 @@ from langgraph.store.base import (
     TTLConfig,
 )
 
-from .. import clock
+from .. import aio, clock
 from ..errors import InvalidMemory, VersionConflict
 from ..models import Memory, is_live
 from ..store import MemoryStore
@@ -144,7 +143,7 @@ class AgentMemoryStore(BaseStore):
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        return await sync_to_async(self.batch)(list(ops))
+        return await aio.run(self.batch, list(ops))
 
     # ---------------------------------------------------------------- what LangGraph's stores lack
 
@@ -201,16 +200,16 @@ class AgentMemoryStore(BaseStore):
             return self.store.history(session_of(namespace), key, **page)
 
     async def aput_if_version(self, *args: Any, **kwargs: Any) -> int:
-        return await sync_to_async(self.put_if_version)(*args, **kwargs)
+        return await aio.run(self.put_if_version, *args, **kwargs)
 
     async def amodify(self, *args: Any, **kwargs: Any) -> Item:
-        return await sync_to_async(self.modify)(*args, **kwargs)
+        return await aio.run(self.modify, *args, **kwargs)
 
     async def aversion_of(self, namespace: tuple[str, ...], key: str) -> int:
-        return await sync_to_async(self.version_of)(namespace, key)
+        return await aio.run(self.version_of, namespace, key)
 
     async def ahistory(self, namespace: tuple[str, ...], key: str, **page: Any) -> list[Any]:
-        return await sync_to_async(self.history)(namespace, key, **page)
+        return await aio.run(self.history, namespace, key, **page)
 
     # ---------------------------------------------------------------- operations
 

@@ -1,0 +1,76 @@
+"""The async twins' threads: concurrent async calls run concurrently, on a bounded pool.
+
+``sync_to_async``'s default (``thread_sensitive=True``) runs every call of one event loop on one
+thread, one after another: 32 concurrent ``aremember`` tasks wrote no faster than one. The store
+keeps no per-thread state across calls (every call is its own transaction), so its calls can run on
+any thread: here, on a pool of ``AGENTMEMORY["ASYNC_THREADS"]`` threads (default 16), each with its
+own database connections -- at most that many connections per database for every async caller of
+the process. Context variables are carried over (asgiref does it).
+
+A call inside the caller's ``transaction.atomic`` has no async form in Django either: the
+twins are for async code, which cannot hold a transaction across awaits.
+
+:func:`close_connections` closes the pool threads' connections (an ASGI lifespan shutdown, a
+test); a thread opens a new one on its next call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from .conf import get_config
+
+T = TypeVar("T")
+THREAD_PREFIX = "agentmemory-async"
+
+_pool: ThreadPoolExecutor | None = None
+_size = 0
+_lock = threading.Lock()
+
+
+def executor() -> ThreadPoolExecutor:
+    """The pool, created on first use (and again if ASYNC_THREADS changed)."""
+    global _pool, _size
+    size = get_config()["ASYNC_THREADS"]
+    with _lock:
+        if _pool is None or _size != size:
+            old, _pool, _size = (
+                _pool,
+                ThreadPoolExecutor(size, thread_name_prefix=THREAD_PREFIX),
+                size,
+            )
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on the pool."""
+    return await sync_to_async(fn, thread_sensitive=False, executor=executor())(*args, **kwargs)
+
+
+def close_connections() -> int:
+    """Close the database connections of every pool thread that has started; returns how many
+    threads ran the close. Each thread runs exactly one close: they all wait for each other."""
+    with _lock:
+        pool = _pool
+    if pool is None:
+        return 0
+    threads = len(pool._threads)  # started so far (the pool starts them lazily)
+    if not threads:
+        return 0
+    everyone = threading.Barrier(threads)
+
+    def close() -> None:
+        everyone.wait(timeout=30)
+        connections.close_all()
+
+    for future in [pool.submit(close) for _ in range(threads)]:
+        future.result()
+    return threads
