@@ -79,6 +79,10 @@ class Statements:
     insert_version: str
     # Every version, then every row, of one session.
     erase_session: tuple[str, str]
+    # A blind write in one statement where the database can return what it updated (PostgreSQL:
+    # the update and the history insert in one CTE; SQLite: UPDATE ... RETURNING, then the
+    # insert_version statement); None elsewhere. See WritePath._blind_write.
+    blind_write: str | None = None
 
     def read_keys(self, count: int) -> str:
         """The rows of ``count`` keys of one session, whatever their state."""
@@ -86,8 +90,34 @@ class Statements:
 
 
 @cache
-def _build(json_param: str, quote_key: str, select_for_update: bool) -> Statements:
+def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str) -> Statements:
     memory, version = Memory._meta.db_table, MemoryVersion._meta.db_table
+    # The row's next version, in one UPDATE: it takes the row lock itself and, under READ
+    # COMMITTED, re-reads a row another writer changed meanwhile, so version + 1 is always the
+    # newest + 1. Only a row that exists, whose TTL has not passed (that expiry must become a
+    # version first) and, with expected_version=N > 0, that is live at version N. Parameters:
+    # value, created_at (a new life), updated_at, expires_at, session_id, key, now, N, N.
+    update_blind = (
+        f"UPDATE {memory} SET version = version + 1, value = {json_param}, state = 'live', "
+        "created_at = CASE WHEN state = 'live' THEN created_at ELSE %s END, "
+        "updated_at = %s, expires_at = %s "
+        f"WHERE session_id = %s AND {quote_key} = %s "
+        "AND NOT (state = 'live' AND expires_at IS NOT NULL AND expires_at <= %s) "
+        "AND (%s IS NULL OR (state = 'live' AND version = %s)) "
+        "RETURNING id, version, created_at"
+    )
+    blind_write = None
+    if vendor == "postgresql":
+        # Then the history version, from what the update returned, in the same statement.
+        # Parameters: the nine above, then value, created_at, expires_at, request_id.
+        blind_write = (
+            f"WITH upd AS ({update_blind.replace('(%s IS NULL', '(%s::bigint IS NULL')}), "
+            f"ins AS (INSERT INTO {version} (memory_id, version, op, value, created_at, "
+            f"expires_at, request_id) SELECT id, version, 'write', {json_param}, %s, %s, %s "
+            "FROM upd) SELECT id, version, created_at FROM upd"
+        )
+    elif vendor == "sqlite":
+        blind_write = update_blind
     columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
     where = f"WHERE session_id = %s AND {quote_key} = %s"
     plain = f"SELECT {columns} FROM {memory} {where}"
@@ -110,6 +140,7 @@ def _build(json_param: str, quote_key: str, select_for_update: bool) -> Statemen
             f"(SELECT id FROM {memory} WHERE session_id = %s)",
             f"DELETE FROM {memory} WHERE session_id = %s",
         ),
+        blind_write=blind_write,
     )
 
 
@@ -127,6 +158,7 @@ def statements_for(connection: Any) -> Statements:
         json_placeholder(connection),
         connection.ops.quote_name("key"),
         bool(connection.features.has_select_for_update),
+        connection.vendor,
     )
 
 

@@ -122,6 +122,7 @@ class MemoryStore:
             compute=lambda _current: value,
             ttl=self._check_ttl(ttl),
             expected_version=self._check_expected(expected_version),
+            blind=True,
             **self._request(idempotency_key),
         )
         return self._writes.write(session_id, {key: change})[key]
@@ -167,7 +168,7 @@ class MemoryStore:
         for key, value in items.items():
             checked = self._check_value(value)
             changes[validation.check_key(key)] = Change(
-                Op.WRITE, compute=lambda _current, v=checked: v, ttl=ttl
+                Op.WRITE, compute=lambda _current, v=checked: v, ttl=ttl, blind=True
             )
         return self._writes.write(session_id, changes) if changes else {}
 

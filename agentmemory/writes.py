@@ -54,6 +54,9 @@ class Change:
     create: bool = True
     # expire: only if the TTL has passed (purge_expired), or now whatever it is (expire()).
     due_only: bool = True
+    # A write whose value is known up front (remember, remember_many): it may take the one-
+    # statement path (WritePath._blind_write).
+    blind: bool = False
 
 
 class WritePath:
@@ -143,6 +146,11 @@ class WritePath:
         """Inside the transaction: lock the row, check, append one version, update the row.
         ``updates`` collects the key's new state for the cache tier. ``basis`` is the row as the
         unsafe seam read it before the lock, or ``_LOCKED``: the locked row itself."""
+        if change.blind and not retry and not change.caller_request_id and self._fast:
+            record = self._blind_write(session_id, key, change, now)
+            if record is not None:
+                updates[key] = (record, record.version)
+                return record
         row = self._lock_row(session_id, key, now, create=change.create)
         if row is None:  # forget/expire/revert of a memory that never existed
             if change.op == Op.REVERT:
@@ -189,6 +197,51 @@ class WritePath:
         record = MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
         updates[key] = (record, row.version)
         return record
+
+    @property
+    def _fast(self) -> bool:
+        """Whether blind writes may take the one-statement path here: a database that returns
+        what it updated (PostgreSQL, SQLite), the row lock on, no planted defect."""
+        if not self.row_lock or self.defects:
+            return False
+        return statements_for(connections[self.using]).blind_write is not None
+
+    def _blind_write(
+        self, session_id: str, key: str, change: Change, now: datetime
+    ) -> MemoryRecord | None:
+        """A write of a value known up front, as one UPDATE that takes the row lock, counts the
+        version and returns it (PostgreSQL: with the history insert in the same statement; SQLite:
+        then the insert). None when it does not apply -- no row yet, a TTL that has passed (its
+        expiry must become a version first), expected_version=0 or a version that does not match
+        -- and nothing was changed: the locked path takes over, in the same transaction."""
+        if change.expected_version == 0:
+            return None
+        assert change.compute is not None
+        connection = connections[self.using]
+        statements = statements_for(connection)
+        adapt = connection.ops.adapt_datetimefield_value
+        value = change.compute(None)
+        expires_at = _expires_at(change, now)
+        text, at, until = encode_json(value), adapt(now), adapt(expires_at)
+        expected = change.expected_version
+        params = [text, at, at, until, session_id, key, at, expected, expected]
+        postgres = connection.vendor == "postgresql"
+        if postgres:
+            params += [text, at, until, change.request_id]
+        with connection.cursor() as cursor:
+            cursor.execute(statements.blind_write, params)
+            found = cursor.fetchone()
+            if found is None:
+                return None
+            row_id, version, created = found
+            if not postgres:
+                cursor.execute(
+                    statements.insert_version,
+                    [row_id, version, Op.WRITE, text, at, until, change.request_id],
+                )
+        created_at = to_datetime(created)
+        assert created_at is not None
+        return MemoryRecord(session_id, key, value, version, created_at, now, expires_at)
 
     def _observe(self, session_id: str, keys: list[str]) -> dict[str, LockedRow | None]:
         """The unsafe seam's read: each row as it is now, without a lock, outside the

@@ -64,4 +64,8 @@ def inject_errors(
 
 
 def is_write_statement(sql: str) -> bool:
-    return sql.lstrip().upper().startswith(("INSERT", "UPDATE"))
+    """INSERT, UPDATE, or a CTE that writes (PostgreSQL's one-statement remember)."""
+    upper = sql.lstrip().upper()
+    return upper.startswith(("INSERT", "UPDATE")) or (
+        upper.startswith("WITH") and ("INSERT INTO" in upper or "UPDATE " in upper)
+    )

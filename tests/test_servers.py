@@ -4,6 +4,7 @@ mid-transaction, a lost COMMIT acknowledgement; and the history's uniqueness bac
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
 
@@ -51,19 +52,40 @@ def transient_errors() -> list[tuple[str, object]]:
     ]
 
 
-@pytest.mark.parametrize("statement", [1, 2, 3])
-def test_each_transient_error_is_retried_on_every_statement_of_a_write(store, statement):
-    """For each retryable code, fail the 1st (SELECT ... FOR UPDATE), 2nd (UPDATE of the live row)
-    or 3rd (INSERT of the history row) statement of a remember: the store retries the whole
-    transaction, and the history stays gap-free."""
-    for label, make_error in transient_errors():
-        key = f"k-{label}"
+def statements_of_an_overwrite(store) -> int:
+    """How many statements a remember over an existing memory sends here: 1 on PostgreSQL (one
+    CTE), 2 on SQLite (UPDATE ... RETURNING, INSERT), 3 on the MySQL family (SELECT ... FOR
+    UPDATE, UPDATE, INSERT)."""
+    store.remember("count", "k", 1)
+    sent: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "WITH")):
+            sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        store.remember("count", "k", 2)
+    return len(sent)
+
+
+def test_each_transient_error_is_retried_on_every_statement_of_a_write(store, vendor):
+    """For each retryable code, fail each statement of a remember over an existing memory in turn
+    (the one-statement write on PostgreSQL; UPDATE and INSERT on SQLite; SELECT ... FOR UPDATE,
+    UPDATE and INSERT on the MySQL family): the store retries the whole transaction, and the
+    history stays gap-free."""
+    count = statements_of_an_overwrite(store)
+    assert count == {"postgresql": 1, "sqlite": 2}.get(vendor, 3)
+    for statement, (label, make_error) in itertools.product(
+        range(1, count + 1), transient_errors()
+    ):
+        key = f"k-{label}-{statement}"
         store.remember("s", key, "before")
         seen = iter(range(1, 100))
 
         def on_statement(n, sql, statement=statement, seen=seen):
             return (
-                sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE"))
+                sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "WITH"))
                 and next(seen) == statement
             )
 
@@ -99,11 +121,8 @@ def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(s
     from django.db import connection as conn
 
     def kill_before_history_insert(execute, sql, params, many, context):
-        if (
-            not killed
-            and "agentmemory_memoryversion" in sql
-            and sql.lstrip().upper().startswith("INSERT")
-        ):
+        # A plain INSERT, or (PostgreSQL's one-statement write) the CTE that inserts the version.
+        if not killed and "insert into agentmemory_memoryversion" in sql.lower():
             killed.append(sql)
             kill_current_connection()
         return execute(sql, params, many, context)
