@@ -48,7 +48,7 @@ SUITE_TOOLS = [
     "psycopg[binary]>=3.1",
 ]
 #: Redis database of the matrix (scripts/test.sh uses 15): the cache tests clear it.
-REDIS_DB = 13
+REDIS_DB = 12
 
 nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "uv|virtualenv"
