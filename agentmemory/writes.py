@@ -99,7 +99,42 @@ class WritePath:
         return self._write(session_id, changes)
 
     def _write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
+        if self._autocommit_blind(changes):
+            return self.retrier.run(lambda retry: self._one_statement(session_id, changes, retry))
+        return self._locked_write(session_id, changes)
+
+    def _autocommit_blind(self, changes: dict[str, Change]) -> bool:
+        """A single blind write on PostgreSQL without a cache tier, outside any transaction: the
+        one-statement write in autocommit, one round trip. (With Redis, the tombstone must go in
+        between the statement and its COMMIT, so that path keeps its transaction.)"""
+        if self.cache is not None or len(changes) != 1:
+            return False
+        change = next(iter(changes.values()))
+        if not change.blind or change.caller_request_id or not self._fast:
+            return False
+        connection = connections[self.using]
+        return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+    def _one_statement(self, session_id: str, changes: dict[str, Change], retry: bool) -> Any:
+        """The autocommit attempt: the statement commits by itself. A retry (its answer may have
+        been lost after it committed) and anything it does not apply to go the locked way, which
+        looks the request id up first."""
+        if not retry:
+            ((key, change),) = changes.items()
+            record = self._blind_write(session_id, key, change, clock.now())
+            if record is not None:
+                return {key: record}
+        return self._atomic(self._locked_attempt(session_id, changes, None), retry)
+
+    def _locked_write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         observed = None if self.row_lock else self._observe(session_id, sorted(changes))
+        attempt = self._locked_attempt(session_id, changes, observed)
+        return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+
+    def _locked_attempt(
+        self, session_id: str, changes: dict[str, Change], observed: Any
+    ) -> Callable[[bool], dict[str, Any]]:
+        """One attempt of the locked path, to run inside ``transaction.atomic``."""
 
         def attempt(retry: bool) -> dict[str, Any]:
             now = clock.now()
@@ -127,7 +162,7 @@ class WritePath:
                 transaction.on_commit(lambda: cache.written(session_id, updates), using=self.using)
             return results
 
-        return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+        return attempt
 
     def _atomic(self, attempt: Callable[[bool], Any], retry: bool) -> Any:
         with transaction.atomic(using=self.using):

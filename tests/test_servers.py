@@ -136,20 +136,32 @@ def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(s
 
 def remember_losing_the_first_commit_answer(store, monkeypatch, key, value):
     """``store.remember`` whose first COMMIT reaches the database but whose answer is lost (the
-    connection drops right after): the store must retry without writing twice."""
+    connection drops right after): the store must retry without writing twice. In autocommit
+    (PostgreSQL's one-statement write without Redis) the statement is its own COMMIT: its answer
+    is the one lost."""
     real_commit = connection.commit
     lost = []
 
-    def commit_then_lose_the_answer():
-        real_commit()
+    def lose_the_answer():
         if not lost:
             lost.append(True)
             with connection.wrap_database_errors:
                 raise lost_connection_error()
 
+    def commit_then_lose_the_answer():
+        real_commit()
+        lose_the_answer()
+
+    def autocommit_statement_then_lose_the_answer(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if connection.get_autocommit() and "insert into agentmemory_memoryversion" in sql.lower():
+            lose_the_answer()
+        return result
+
     monkeypatch.setattr(connection, "commit", commit_then_lose_the_answer)
     try:
-        return store.remember("s", key, value)
+        with connection.execute_wrapper(autocommit_statement_then_lose_the_answer):
+            return store.remember("s", key, value)
     finally:
         monkeypatch.undo()
         assert lost
