@@ -449,18 +449,28 @@ def round_trips(alias: str) -> dict[str, Any]:
         theirs = (questions(cursor) - before - 1) / n
         how = "server-counted (Questions)"
     else:
-        sent: list[str] = []
+        sent: list[tuple[str, bool]] = []  # (statement, run in autocommit)
         with connection.execute_wrapper(
-            lambda execute, sql, *a: (sent.append(sql), execute(sql, *a))[1]
+            lambda execute, sql, *a: (
+                sent.append((sql, connection.get_autocommit())),
+                execute(sql, *a),
+            )[1]
         ):
             for _ in range(n):
                 store.remember(session, "k", value)
-        # + COMMIT (a driver call, not a statement), + BEGIN where psycopg sends it itself
-        ours = len(sent) / n + (1 if connection.vendor == "sqlite" else 2)
+        # + COMMIT (a driver call, not a statement), + BEGIN where psycopg sends it itself; none
+        # for a statement run in autocommit (PostgreSQL's one-statement write without Redis)
+        transactions = sum(not autocommit for _, autocommit in sent) > 0
+        ours = len(sent) / n + (
+            0 if not transactions else 1 if connection.vendor == "sqlite" else 2
+        )
         # the raw protocol: BEGIN (IMMEDIATE), 4 statements, COMMIT
         theirs = 6.0
-        how = "client-counted statements + COMMIT" + (
-            "" if connection.vendor == "sqlite" else " + BEGIN"
+        how = (
+            "client-counted statements, in autocommit (no BEGIN, no COMMIT)"
+            if not transactions
+            else "client-counted statements + COMMIT"
+            + ("" if connection.vendor == "sqlite" else " + BEGIN")
         )
     connections.close_all()
     return {
