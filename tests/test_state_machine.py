@@ -98,7 +98,15 @@ def make_machine(store: Any) -> type[RuleBasedStateMachine]:
             model = self.key(name)
             model.expire_if_due()
             before = model.value if model.live else None
-            bump = lambda v: {"n": v["n"] + 1} if isinstance(v, dict) and "n" in v else {"n": 1}
+            # Any stored value counts: a counter that is not an int yet (Hypothesis wrote
+            # {"n": None} once) starts again at 1.
+            bump = lambda v: (
+                {"n": v["n"] + 1}
+                if isinstance(v, dict)
+                and isinstance(v.get("n"), int)
+                and not isinstance(v["n"], bool)
+                else {"n": 1}
+            )
             record = store.update(self.session, name, bump, default=None)
             self.wrote(name, "write", bump(before), record)
 
