@@ -10,6 +10,8 @@ whole by :class:`~agentmemory.retries.Retrier`. ``remember``, ``update``, ``reve
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -124,6 +126,9 @@ class WritePath:
             record = self._blind_write(session_id, key, change, clock.now())
             if record is not None:
                 return {key: record}
+            # It did not apply (a new key, a passed TTL, a version that does not match): the
+            # locked attempt must not run the same statement again. Same request id.
+            changes = {key: dataclasses.replace(change, blind=False)}
         return self._atomic(self._locked_attempt(session_id, changes, None), retry)
 
     def _locked_write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
@@ -233,10 +238,11 @@ class WritePath:
         updates[key] = (record, row.version)
         return record
 
-    @property
+    @functools.cached_property
     def _fast(self) -> bool:
         """Whether blind writes may take the one-statement path here: a database that returns
-        what it updated (PostgreSQL, SQLite), the row lock on, no planted defect."""
+        what it updated (PostgreSQL, SQLite), the row lock on, no planted defect. It depends on
+        the alias's vendor only, so it is worked out once per store."""
         if not self.row_lock or self.defects:
             return False
         return statements_for(connections[self.using]).blind_write is not None
