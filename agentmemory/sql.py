@@ -92,32 +92,36 @@ class Statements:
 @cache
 def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str) -> Statements:
     memory, version = Memory._meta.db_table, MemoryVersion._meta.db_table
+
     # The row's next version, in one UPDATE: it takes the row lock itself and, under READ
     # COMMITTED, re-reads a row another writer changed meanwhile, so version + 1 is always the
     # newest + 1. Only a row that exists, whose TTL has not passed (that expiry must become a
     # version first) and, with expected_version=N > 0, that is live at version N. Parameters:
     # value, created_at (a new life), updated_at, expires_at, session_id, key, now, N, N.
-    update_blind = (
-        f"UPDATE {memory} SET version = version + 1, value = {json_param}, state = 'live', "
-        "created_at = CASE WHEN state = 'live' THEN created_at ELSE %s END, "
-        "updated_at = %s, expires_at = %s "
-        f"WHERE session_id = %s AND {quote_key} = %s "
-        "AND NOT (state = 'live' AND expires_at IS NOT NULL AND expires_at <= %s) "
-        "AND (%s IS NULL OR (state = 'live' AND version = %s)) "
-        "RETURNING id, version, created_at"
-    )
+    def update_blind(null_param: str) -> str:
+        return (
+            f"UPDATE {memory} SET version = version + 1, value = {json_param}, state = 'live', "
+            "created_at = CASE WHEN state = 'live' THEN created_at ELSE %s END, "
+            "updated_at = %s, expires_at = %s "
+            f"WHERE session_id = %s AND {quote_key} = %s "
+            "AND NOT (state = 'live' AND expires_at IS NOT NULL AND expires_at <= %s) "
+            f"AND ({null_param} IS NULL OR (state = 'live' AND version = %s)) "
+            "RETURNING id, version, created_at"
+        )
+
     blind_write = None
     if vendor == "postgresql":
         # Then the history version, from what the update returned, in the same statement.
-        # Parameters: the nine above, then value, created_at, expires_at, request_id.
+        # Parameters: the nine above, then value, created_at, expires_at, request_id. (A bare
+        # "%s IS NULL" has no type PostgreSQL can infer inside a CTE: typed.)
         blind_write = (
-            f"WITH upd AS ({update_blind.replace('(%s IS NULL', '(%s::bigint IS NULL')}), "
+            f"WITH upd AS ({update_blind('%s::bigint')}), "
             f"ins AS (INSERT INTO {version} (memory_id, version, op, value, created_at, "
             f"expires_at, request_id) SELECT id, version, 'write', {json_param}, %s, %s, %s "
             "FROM upd) SELECT id, version, created_at FROM upd"
         )
     elif vendor == "sqlite":
-        blind_write = update_blind
+        blind_write = update_blind("%s")
     columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
     where = f"WHERE session_id = %s AND {quote_key} = %s"
     plain = f"SELECT {columns} FROM {memory} {where}"
