@@ -69,3 +69,8 @@ def is_write_statement(sql: str) -> bool:
     return upper.startswith(("INSERT", "UPDATE")) or (
         upper.startswith("WITH") and ("INSERT INTO" in upper or "UPDATE " in upper)
     )
+
+
+def inserts_a_version(sql: str) -> bool:
+    """The statement appends a history version (alone, or in PostgreSQL's one-statement CTE)."""
+    return "insert into agentmemory_memoryversion" in sql.lower()

@@ -12,7 +12,7 @@ from agentmemory import MemoryStore, VersionConflict
 from agentmemory.models import Memory
 
 from .conftest import run_threads
-from .helpers import inject_errors, run_processes
+from .helpers import inject_errors, inserts_a_version, run_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,9 +121,7 @@ def test_remember_many_is_all_or_nothing(store):
 
     def on_the_second_history_insert(_n, sql):
         # A plain INSERT, or (PostgreSQL's one-statement write) a CTE that inserts the version.
-        return "insert into agentmemory_memoryversion" in sql.lower() and (
-            next(history_inserts) == 2
-        )
+        return inserts_a_version(sql) and (next(history_inserts) == 2)
 
     with (
         inject_errors(fatal_error, when=on_the_second_history_insert) as hit,

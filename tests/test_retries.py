@@ -9,7 +9,7 @@ from django.db import DatabaseError, connection
 from agentmemory import MemoryStore, MemoryUnavailable
 from agentmemory.vendors import Transient, classify
 
-from .helpers import inject_errors, is_write_statement
+from .helpers import inject_errors, inserts_a_version, is_write_statement
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,7 +64,7 @@ def test_conflict_on_the_history_insert_leaves_no_half_write(store):
 
     def on_history_insert(n, sql):
         # A plain INSERT, or (PostgreSQL's one-statement write) the CTE that inserts it.
-        if "insert into agentmemory_memoryversion" in sql.lower() and not failed:
+        if inserts_a_version(sql) and not failed:
             failed.append(n)
             return True
         return False

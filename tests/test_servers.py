@@ -16,7 +16,7 @@ from agentmemory.models import Memory, MemoryVersion
 from agentmemory.vendors import kill_connection, server_connection_id
 
 from .conftest import redis_alias
-from .helpers import inject_errors
+from .helpers import inject_errors, inserts_a_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,7 +122,7 @@ def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(s
 
     def kill_before_history_insert(execute, sql, params, many, context):
         # A plain INSERT, or (PostgreSQL's one-statement write) the CTE that inserts the version.
-        if not killed and "insert into agentmemory_memoryversion" in sql.lower():
+        if not killed and inserts_a_version(sql):
             killed.append(sql)
             kill_current_connection()
         return execute(sql, params, many, context)
@@ -154,7 +154,7 @@ def remember_losing_the_first_commit_answer(store, monkeypatch, key, value):
 
     def autocommit_statement_then_lose_the_answer(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if connection.get_autocommit() and "insert into agentmemory_memoryversion" in sql.lower():
+        if connection.get_autocommit() and inserts_a_version(sql):
             lose_the_answer()
         return result
 
