@@ -364,7 +364,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         if op.kind in ("forget", "erase", "many", "many-read", "prefix-read"):
             op.result = result  # the caller unpacks it
         elif op.kind == "bad-input":
-            op.error = "accepted"
+            op.error = f"accepted: {op.value['bad']}"  # the checker reports it
         elif result is not None:
             op.version, op.result = result.version, result.value
             op.expires_at = result.expires_at.timestamp() if result.expires_at else None
@@ -508,8 +508,6 @@ def _bad_input(
         op_id, client, "bad-input", session_id, key, invoked_at=0.0, value=token, node=store.using
     )
     _call(op, lambda: bad(store, session_id, key, token))
-    if op.status == "ok":
-        op.error = f"accepted: {label}"
     return op
 
 
