@@ -8,23 +8,28 @@ __version__ = "0.3.0"
 
 from .errors import (
     AgentMemoryError,
+    EmbeddingFailed,
     InvalidMemory,
     MemoryUnavailable,
     VersionConflict,
     VersionPruned,
 )
-from .records import MemoryRecord, MemoryVersionRecord
+from .records import MemoryRecord, MemoryVersionRecord, ScoredMemory
+from .semantic import Index
 
 if TYPE_CHECKING:
     from .store import MemoryStore
 
 __all__ = [
     "AgentMemoryError",
+    "EmbeddingFailed",
+    "Index",
     "InvalidMemory",
     "MemoryRecord",
     "MemoryStore",
     "MemoryUnavailable",
     "MemoryVersionRecord",
+    "ScoredMemory",
     "VersionConflict",
     "VersionPruned",
 ]

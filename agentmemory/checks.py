@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from django.conf import settings
@@ -10,6 +11,7 @@ from django.db import connections
 
 from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, get_config
 from .errors import InvalidMemory
+from .semantic import index_problems
 from .validation import check_ttl
 from .vendors import flavor, galera_status, is_galera
 
@@ -165,6 +167,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="agentmemory.E018",
             )
         )
+    errors += search_errors(config["SEARCH"])
     size = config["MAX_VALUE_BYTES"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         errors.append(
@@ -172,6 +175,45 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 f"AGENTMEMORY['MAX_VALUE_BYTES'] is {size!r}.",
                 hint="A positive number of bytes, e.g. 1048576.",
                 id="agentmemory.E005",
+            )
+        )
+    return errors
+
+
+SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT"})
+
+
+def search_errors(search: Any) -> list[Error]:
+    """``AGENTMEMORY["SEARCH"]``: None, or a semantic index that can be built (E019), with numpy
+    installed to score it (E020)."""
+    if search is None:
+        return []
+    hint = (
+        'None, or {"EMBED": "myproject.embeddings.embed", "DIMS": 384, "FIELDS": ["$"], '
+        '"TIMEOUT": 30}.'
+    )
+    if not isinstance(search, dict):
+        return [Error(f"AGENTMEMORY['SEARCH'] is {search!r}.", hint=hint, id="agentmemory.E019")]
+    problems = [f"unknown setting {name!r}" for name in sorted(set(search) - SEARCH_KEYS)]
+    problems += [f"{name} is missing" for name in ("EMBED", "DIMS") if name not in search]
+    if not problems:
+        problems = index_problems(
+            search["EMBED"],
+            search["DIMS"],
+            search.get("FIELDS", ["$"]),
+            search.get("TIMEOUT", 30.0),
+        )
+    errors = [
+        Error(f"AGENTMEMORY['SEARCH']: {problem}.", hint=hint, id="agentmemory.E019")
+        for problem in problems
+    ]
+    if importlib.util.find_spec("numpy") is None:
+        errors.append(
+            Error(
+                "AGENTMEMORY['SEARCH'] is set, but numpy, which scores the vectors, is not "
+                "installed.",
+                hint="pip install 'agentmemory[search]'",
+                id="agentmemory.E020",
             )
         )
     return errors

@@ -49,6 +49,11 @@ DEFAULTS: dict[str, Any] = {
     # calls on a pool of this many threads, each with its own database connections: at most
     # this many connections per database for all async callers of the process together.
     "ASYNC_THREADS": 16,
+    # Semantic recall (MemoryStore.search): None, or {"EMBED": a callable list[str] ->
+    # list[list[float]], a LangChain Embeddings or the dotted path of one, "DIMS": the vectors'
+    # length, "FIELDS": JSON paths of a value to embed (default ["$"], the whole value),
+    # "TIMEOUT": seconds an embedder call may take (default 30; None: no limit)}.
+    "SEARCH": None,
 }
 
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])

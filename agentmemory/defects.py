@@ -38,6 +38,7 @@ class Defect(StrEnum):
     ERASE_LEAVES_CACHE = "erase-leaves-cache"
     TRANSACTION_READS_CACHE = "transaction-reads-cache"
     NOT_RETRIED = "transient-errors-not-retried"
+    STALE_VECTOR = "stale-vector"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -58,6 +59,7 @@ DESCRIPTIONS = {
     Defect.ERASE_LEAVES_CACHE: "erase_session leaves the session's Redis entries",
     Defect.TRANSACTION_READS_CACHE: "reads inside a caller's transaction go through Redis",
     Defect.NOT_RETRIED: "deadlocks, lock timeouts and dropped connections reach the caller",
+    Defect.STALE_VECTOR: "an overwrite is indexed by the vectors of the value it replaces",
 }
 
 #: Defects that live in the Redis tier: without one, there is nothing to break.

@@ -53,3 +53,12 @@ class MemoryUnavailable(AgentMemoryError):
         self.cause = cause
         self.attempts = attempts
         super().__init__(message)
+
+
+class EmbeddingFailed(AgentMemoryError):
+    """The semantic index's embedder raised, timed out, or returned something other than one
+    vector of ``dims`` finite numbers per text. Nothing was written."""
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        self.cause = cause
+        super().__init__(message)

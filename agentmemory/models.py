@@ -55,6 +55,9 @@ class Memory(models.Model):
     # "No gap" means no gap from here to ``version``.
     # A database default too: rows inserted by SQL of one's own (bulk loads) start at 1.
     history_from = models.PositiveBigIntegerField(default=1, db_default=1)
+    # The vectors of the live version's indexed texts (agentmemory.semantic): written in the
+    # same statement as the value, so a search never pairs a value with another version's.
+    embedding = models.BinaryField(null=True, editable=False)
 
     objects = MemoryQuerySet.as_manager()
 
@@ -90,6 +93,8 @@ class MemoryVersion(models.Model):
     # The caller's idempotency key, or one the store generated for this call: a retry after an
     # indeterminate commit finds it and returns the version the first attempt wrote.
     request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
+    # The version's vectors as it was indexed (None: not indexed, or a forget/expire).
+    embedding = models.BinaryField(null=True, editable=False)
 
     class Meta:
         ordering = ["memory", "version"]

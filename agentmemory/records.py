@@ -35,6 +35,14 @@ class MemoryRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoredMemory(MemoryRecord):
+    """A search result: the memory as it is at ``version``, and ``score``, the cosine similarity
+    of the query to that version's vectors (the best of them, if several texts were indexed)."""
+
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryVersionRecord:
     """One entry of a memory's history. ``value`` is None for ``forget`` and ``expire``."""
 

@@ -97,12 +97,13 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
     # COMMITTED, re-reads a row another writer changed meanwhile, so version + 1 is always the
     # newest + 1. Only a row that exists, whose TTL has not passed (that expiry must become a
     # version first) and, with expected_version=N > 0, that is live at version N. Parameters:
-    # value, created_at (a new life), updated_at, expires_at, session_id, key, now, N, N.
+    # value, created_at (a new life), updated_at, expires_at, embedding, session_id, key, now,
+    # N, N.
     def update_blind(null_param: str) -> str:
         return (
             f"UPDATE {memory} SET version = version + 1, value = {json_param}, state = 'live', "
             "created_at = CASE WHEN state = 'live' THEN created_at ELSE %s END, "
-            "updated_at = %s, expires_at = %s "
+            "updated_at = %s, expires_at = %s, embedding = %s "
             f"WHERE session_id = %s AND {quote_key} = %s "
             "AND NOT (state = 'live' AND expires_at IS NOT NULL AND expires_at <= %s) "
             f"AND ({null_param} IS NULL OR (state = 'live' AND version = %s)) "
@@ -112,13 +113,13 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
     blind_write = None
     if vendor == "postgresql":
         # Then the history version, from what the update returned, in the same statement.
-        # Parameters: the nine above, then value, created_at, expires_at, request_id. (A bare
+        # Parameters: the ten above, then value, created_at, expires_at, request_id, embedding. (A bare
         # "%s IS NULL" has no type PostgreSQL can infer inside a CTE: typed.)
         blind_write = (
             f"WITH upd AS ({update_blind('%s::bigint')}), "
             f"ins AS (INSERT INTO {version} (memory_id, version, op, value, created_at, "
-            f"expires_at, request_id) SELECT id, version, 'write', {json_param}, %s, %s, %s "
-            "FROM upd) SELECT id, version, created_at FROM upd"
+            f"expires_at, request_id, embedding) SELECT id, version, 'write', {json_param}, "
+            "%s, %s, %s, %s FROM upd) SELECT id, version, created_at FROM upd"
         )
     elif vendor == "sqlite":
         blind_write = update_blind("%s")
@@ -133,11 +134,11 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
         + (" FOR UPDATE" if select_for_update else ""),
         update_row=(
             f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
-            "created_at = %s, updated_at = %s, expires_at = %s WHERE id = %s"
+            "created_at = %s, updated_at = %s, expires_at = %s, embedding = %s WHERE id = %s"
         ),
         insert_version=(
             f"INSERT INTO {version} (memory_id, version, op, value, created_at, expires_at, "
-            f"request_id) VALUES (%s, %s, %s, {json_param}, %s, %s, %s)"
+            f"request_id, embedding) VALUES (%s, %s, %s, {json_param}, %s, %s, %s, %s)"
         ),
         erase_session=(
             f"DELETE FROM {version} WHERE memory_id IN "

@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
+from django.db.models import Q
 from django.db.models.functions import Lower
 
 from . import aio, clock, validation
@@ -23,16 +25,20 @@ from .conf import get_config
 from .defects import Defect, Defects
 from .errors import InvalidMemory, VersionPruned
 from .models import Memory, MemoryState, MemoryVersion, Op, is_live
-from .records import MemoryRecord, MemoryVersionRecord
+from .records import MemoryRecord, MemoryVersionRecord, ScoredMemory
 from .retries import Retrier
+from .semantic import SEARCH_LIMIT_MAX, Index, check_filter, matches, parse_path
 from .sql import decode_json, statements_for, to_datetime
 from .vendors import prefix_filter
 from .writes import Change, WritePath, default_ttl
 
 T = TypeVar("T")
+#: Fields to index: None (the index's own), False (not indexed) or a list of JSON paths.
+IndexFields = bool | list[str] | tuple[str, ...] | None
 #: The largest page ``history(limit=...)`` returns.
 HISTORY_PAGE_MAX = 10_000
 _CACHE_FROM_SETTINGS: Any = object()
+_INDEX_FROM_SETTINGS: Any = object()
 
 
 class MemoryStore:
@@ -54,14 +60,24 @@ class MemoryStore:
         namespace: str | None = None,
         row_lock: bool = True,
         defects: Iterable[Defect | str] = (),
+        index: Index | None = _INDEX_FROM_SETTINGS,
     ) -> None:
         """``using``: the database alias (default ``AGENTMEMORY["DATABASE"]``); ``cache``: the
         cache alias of the Redis tier, or None (default ``AGENTMEMORY["CACHE"]``);
         ``namespace``: a name that separates this store's Redis entries from other stores' on the
         same cache (the test plugin gives each test one). ``row_lock=False`` is the unsafe seam
         (see :class:`~agentmemory.writes.WritePath`) and ``defects`` the planted bugs of
-        :mod:`agentmemory.defects`: for memcheck and tests, never for data."""
+        :mod:`agentmemory.defects`: for memcheck and tests, never for data. ``index``: the
+        semantic index of :meth:`search` (default ``AGENTMEMORY["SEARCH"]``; None: no search)."""
         config = get_config()
+        #: How values are embedded for :meth:`search`, or None.
+        self.index: Index | None = (
+            Index.from_settings(config["SEARCH"]) if index is _INDEX_FROM_SETTINGS else index
+        )
+        if self.index is not None and not isinstance(self.index, Index):
+            raise ImproperlyConfigured(
+                f"MemoryStore(index=...) takes an agentmemory.Index or None, got {index!r}"
+            )
         self.defects = Defects(defects)
         row_lock = row_lock and Defect.NO_ROW_LOCK not in self.defects
         self.using: str = using or config["DATABASE"]
@@ -108,22 +124,30 @@ class MemoryStore:
         ttl: float | timedelta | None = None,
         expected_version: int | None = None,
         idempotency_key: str | None = None,
+        index: IndexFields = None,
     ) -> MemoryRecord:
         """Write ``value`` as the next version of ``(session_id, key)``.
 
         ``expected_version=N`` writes only if the current version is N (0: the memory must not
         exist); otherwise :class:`VersionConflict` and nothing is written. A repeated call with
         the same ``idempotency_key`` returns the version the first call wrote and writes nothing.
+        With a semantic index, the value is embedded before the write (``index``: None for the
+        index's fields, a list of JSON paths for these, False for none) and an embedder failure
+        raises :class:`EmbeddingFailed` with nothing written.
         """
         session_id, key = self._check_ids(session_id, key)
         value = self._check_value(value)
+        ttl_, expected = self._check_ttl(ttl), self._check_expected(expected_version)
+        request = self._request(idempotency_key)
+        fields = self._check_index(index)
         change = Change(
             Op.WRITE,
             compute=lambda _current: value,
-            ttl=self._check_ttl(ttl),
-            expected_version=self._check_expected(expected_version),
+            ttl=ttl_,
+            expected_version=expected,
             blind=True,
-            **self._request(idempotency_key),
+            **request,
+            **self._indexing(fields, [value]),
         )
         return self._writes.write(session_id, {key: change})[key]
 
@@ -135,10 +159,13 @@ class MemoryStore:
         *,
         default: Any = None,
         ttl: float | timedelta | None = None,
+        index: IndexFields = None,
     ) -> MemoryRecord:
         """Write ``fn(current value)`` (``fn(default)`` when the memory does not exist) under the
         row lock, so concurrent updates never lose each other. ``fn`` may run more than once if
-        the database asks for a retry: keep it free of side effects."""
+        the database asks for a retry: keep it free of side effects. With a semantic index, the
+        new value is embedded under the row lock (it is known only there): writers of this key
+        wait for the embedder, writers of other keys do not."""
         session_id, key = self._check_ids(session_id, key)
         if not callable(fn):
             raise InvalidMemory("fn", f"must be callable, got {type(fn).__name__}")
@@ -147,6 +174,7 @@ class MemoryStore:
             compute=lambda current: self._check_value(fn(current)),
             default=self._check_value(default),
             ttl=self._check_ttl(ttl),
+            embed=self._embedder(self._check_index(index)),
         )
         return self._writes.write(session_id, {key: change})[key]
 
@@ -156,20 +184,25 @@ class MemoryStore:
         items: Mapping[str, Any],
         *,
         ttl: float | timedelta | None = None,
+        index: IndexFields = None,
     ) -> dict[str, MemoryRecord]:
-        """Write several keys of one session in one transaction: all of them or none."""
+        """Write several keys of one session in one transaction: all of them or none. With a
+        semantic index, every value is embedded first, in one embedder call."""
         session_id = validation.check_session_id(session_id)
         if not isinstance(items, Mapping):
             raise InvalidMemory(
                 "items", f"must be a mapping of key to value, got {type(items).__name__}"
             )
         ttl = self._check_ttl(ttl)
-        changes = {}
-        for key, value in items.items():
-            checked = self._check_value(value)
-            changes[validation.check_key(key)] = Change(
-                Op.WRITE, compute=lambda _current, v=checked: v, ttl=ttl, blind=True
+        fields = self._check_index(index)
+        checked = {validation.check_key(key): self._check_value(v) for key, v in items.items()}
+        vectors = self._indexing_many(fields, list(checked.values()))
+        changes = {
+            key: Change(
+                Op.WRITE, compute=lambda _current, v=value: v, ttl=ttl, blind=True, **indexing
             )
+            for (key, value), indexing in zip(checked.items(), vectors, strict=True)
+        }
         return self._writes.write(session_id, changes) if changes else {}
 
     def revert(
@@ -184,6 +217,7 @@ class MemoryStore:
             ttl=default_ttl(),
             create=False,
             expected_version=self._check_expected(expected_version),
+            embed=self._embedder(None),
         )
         change.compute = lambda _current: self._value_of_version(session_id, key, version)
         return self._writes.write(session_id, {key: change})[key]
@@ -485,6 +519,144 @@ class MemoryStore:
 
         return self._reading(read_page)
 
+    # ------------------------------------------------------------------ semantic recall
+
+    def search(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        prefix: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[ScoredMemory]:
+        """The session's live memories ranked by meaning: the ``limit`` best matches for
+        ``query`` (after ``offset``), best first, each with its ``score`` (cosine similarity,
+        -1 to 1). ``prefix`` keeps the keys that start with it; ``filter`` the values that meet
+        ``{"field": value}`` or ``{"field": {"$gt": 3}}`` conditions. Only memories written with
+        the index are found.
+
+        As consistent as :meth:`recall`: each score is computed from the vectors of the very
+        version returned; forgotten, expired and erased memories are never returned; a write
+        acknowledged before the search began is seen (it reads the database, never the cache)."""
+        session_id = validation.check_session_id(session_id)
+        return self._search(Q(session_id=session_id), None, query, prefix, filter, limit, offset)
+
+    def search_sessions(
+        self,
+        session_prefix: str,
+        query: str,
+        *,
+        prefix: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[ScoredMemory]:
+        """:meth:`search` over every session whose id starts with ``session_prefix`` (case and
+        all; ``""``: every session) -- a LangGraph namespace prefix, a user's sessions. Each
+        result names its session."""
+        session_prefix = validation.check_prefix(session_prefix)
+        sessions = prefix_filter(connections[self.using], "session_id", session_prefix)
+        return self._search(sessions, session_prefix, query, prefix, filter, limit, offset)
+
+    def _search(
+        self,
+        sessions: Q,
+        session_prefix: str | None,
+        query: Any,
+        prefix: Any,
+        conditions: Any,
+        limit: Any,
+        offset: Any,
+    ) -> list[ScoredMemory]:
+        index = self.index
+        if index is None:
+            raise ImproperlyConfigured(
+                "this MemoryStore has no semantic index: set AGENTMEMORY['SEARCH'] = {'EMBED': "
+                "..., 'DIMS': ...} or pass MemoryStore(index=agentmemory.Index(...))"
+            )
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidMemory("query", f"must be a non-empty str, got {query!r}")
+        if prefix is not None:
+            prefix = validation.check_prefix(prefix)
+        conditions = check_filter(conditions)
+        limit = validation.check_version("limit", limit, minimum=1, maximum=SEARCH_LIMIT_MAX)
+        offset = validation.check_version("offset", offset, minimum=0, maximum=100_000)
+        # The query is embedded before the database is read: every write acknowledged before
+        # this call is in what the read sees.
+        wanted = index.query_vector(query)
+        self._local.source = "database"
+        rows = self._reading(lambda: self._indexed_rows(sessions, prefix))
+        if not rows:
+            return []
+        import numpy as np
+
+        scores = index.scores(wanted, [row[7] for row in rows])
+        # Best first; equal scores by session, then key (rows come sorted so).
+        order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
+        found: list[ScoredMemory] = []
+        skipped = 0
+        for at in order:
+            score = scores[at]
+            if np.isnan(score):
+                break  # vectors of another configuration: not comparable, and sorted last
+            session_id, key, raw, version, created, updated, expires, _ = rows[at]
+            if session_prefix is not None and not session_id.startswith(session_prefix):
+                continue  # the exact prefix test once more, whatever the collation
+            if prefix is not None and not key.startswith(prefix):
+                continue
+            value = decode_json(raw)
+            if conditions and not matches(value, conditions):
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            found.append(
+                ScoredMemory(
+                    session_id,
+                    key,
+                    value,
+                    version,
+                    to_datetime(created),  # type: ignore[arg-type]
+                    to_datetime(updated),  # type: ignore[arg-type]
+                    to_datetime(expires),
+                    float(score),
+                )
+            )
+            if len(found) == limit:
+                break
+        return found
+
+    def _indexed_rows(self, sessions: Q, prefix: str | None) -> list[tuple[Any, ...]]:
+        """Each live, indexed memory's row with its vectors, in one statement (so a value and
+        its vectors are of one version), undecoded: values are decoded for the results only."""
+        rows = self._memories().live().filter(sessions, embedding__isnull=False)
+        if prefix:
+            rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))
+        rows = rows.order_by("session_id", "key").values_list(
+            "session_id",
+            "key",
+            "value",
+            "version",
+            "created_at",
+            "updated_at",
+            "expires_at",
+            "embedding",
+        )
+        sql, params = rows.query.get_compiler(using=self.using).as_sql()
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    async def asearch(self, session_id: str, query: str, **kwargs: Any) -> list[ScoredMemory]:
+        return await aio.run(self.search, session_id, query, **kwargs)
+
+    async def asearch_sessions(
+        self, session_prefix: str, query: str, **kwargs: Any
+    ) -> list[ScoredMemory]:
+        return await aio.run(self.search_sessions, session_prefix, query, **kwargs)
+
     # ------------------------------------------------------------------ async twins
 
     async def aremember(self, session_id: str, key: str, value: Any, **kwargs: Any) -> MemoryRecord:
@@ -522,6 +694,45 @@ class MemoryStore:
 
     async def aforget_session(self, session_id: str) -> int:
         return await aio.run(self.forget_session, session_id)
+
+    # ------------------------------------------------------------------ semantic index
+
+    def _check_index(self, index: Any) -> Any:
+        """``index=``: None (the index's fields), False (not indexed) or a list of JSON paths.
+        False when the store has no index: nothing is embedded."""
+        if index is None or index is False:
+            return index if self.index is not None else False
+        if index is True:
+            return None if self.index is not None else False
+        if isinstance(index, str) or not isinstance(index, list | tuple):
+            raise InvalidMemory(
+                "index", f"must be None, False or a list of JSON paths, got {index!r}"
+            )
+        for path in index:
+            try:
+                parse_path(path)
+            except ValueError as error:
+                raise InvalidMemory("index", str(error)) from None
+        return list(index) if self.index is not None else False
+
+    def _indexing(self, fields: Any, values: list[Any]) -> dict[str, Any]:
+        """The ``Change`` arguments that index one value known up front."""
+        return self._indexing_many(fields, values)[0]
+
+    def _indexing_many(self, fields: Any, values: list[Any]) -> list[dict[str, Any]]:
+        if fields is False or self.index is None or not values:
+            return [{} for _ in values]
+        vectors = self.index.vectors(values, fields)
+        # The stale-vector defect needs the value under the lock: it embeds there again.
+        embed = self._embedder(fields) if Defect.STALE_VECTOR in self.defects else None
+        return [{"vector": vector, "embed": embed} for vector in vectors]
+
+    def _embedder(self, fields: Any) -> Callable[[Any], bytes | None] | None:
+        """For a value computed under the row lock: the function that embeds it there."""
+        index = self.index
+        if fields is False or index is None:
+            return None
+        return lambda value: index.vectors([value], fields)[0]
 
     # ------------------------------------------------------------------ helpers
 

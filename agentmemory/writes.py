@@ -59,6 +59,11 @@ class Change:
     # A write whose value is known up front (remember, remember_many): it may take the one-
     # statement path (WritePath._blind_write).
     blind: bool = False
+    # Semantic index (agentmemory.semantic): the value's vectors, computed before the lock when
+    # the value is known up front (bytes, or None: nothing to index); or ``embed``, called under
+    # the lock on the value ``compute`` returned (update, revert). Neither: not indexed.
+    vector: bytes | None = None
+    embed: Callable[[Any], bytes | None] | None = None
 
 
 class WritePath:
@@ -233,7 +238,10 @@ class WritePath:
             expires_at = row.expires_at
         if not live:
             row.created_at = now
-        self._append(row, change.op, value, now, expires_at, change.request_id)
+        vector = change.vector if change.embed is None else change.embed(value)
+        if Defect.STALE_VECTOR in self.defects and live and change.embed is not None:
+            vector = change.embed(row.value)  # the vector of the version before this one
+        self._append(row, change.op, value, now, expires_at, change.request_id, vector)
         record = MemoryRecord(session_id, key, value, row.version, row.created_at, now, expires_at)
         updates[key] = (record, row.version)
         return record
@@ -264,11 +272,11 @@ class WritePath:
         value = change.compute(None)
         expires_at = _expires_at(change, now)
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
-        expected = change.expected_version
-        params = [text, at, at, until, session_id, key, at, expected, expected]
+        expected, vector = change.expected_version, change.vector
+        params = [text, at, at, until, vector, session_id, key, at, expected, expected]
         postgres = connection.vendor == "postgresql"
         if postgres:
-            params += [text, at, until, change.request_id]
+            params += [text, at, until, change.request_id, vector]
         with connection.cursor() as cursor:
             cursor.execute(statements.blind_write, params)
             found = cursor.fetchone()
@@ -278,7 +286,7 @@ class WritePath:
             if not postgres:
                 cursor.execute(
                     statements.insert_version,
-                    [row_id, version, Op.WRITE, text, at, until, change.request_id],
+                    [row_id, version, Op.WRITE, text, at, until, change.request_id, vector],
                 )
         created_at = to_datetime(created)
         assert created_at is not None
@@ -333,8 +341,10 @@ class WritePath:
         now: datetime,
         expires_at: datetime | None,
         request_id: str,
+        vector: bytes | None = None,
     ) -> None:
-        """Append version ``row.version + 1`` and make the live row match it."""
+        """Append version ``row.version + 1`` and make the live row match it (its vectors too:
+        ``vector``, None for a version that is not indexed)."""
         row.version += 2 if row.version == 2 and Defect.SKIPPED_VERSION in self.defects else 1
         row.value = value
         row.state = {Op.FORGET: MemoryState.FORGOTTEN, Op.EXPIRE: MemoryState.EXPIRED}.get(
@@ -347,10 +357,11 @@ class WritePath:
         with connection.cursor() as cursor:
             cursor.execute(
                 statements.update_row,
-                [row.version, text, row.state, adapt(row.created_at), at, until, row.id],
+                [row.version, text, row.state, adapt(row.created_at), at, until, vector, row.id],
             )
             cursor.execute(
-                statements.insert_version, [row.id, row.version, op, text, at, until, request_id]
+                statements.insert_version,
+                [row.id, row.version, op, text, at, until, request_id, vector],
             )
 
     def _find_request(self, row: LockedRow, request_id: str) -> Any:

@@ -156,3 +156,38 @@ def test_the_tidb_backend_check_looks_at_the_installed_packages(settings):
         installed = None
     settings.DATABASES = {**settings.DATABASES, "tidb": {"ENGINE": "django_tidb"}}
     assert check_tidb_backend() == tidb_backend_errors(installed, django.get_version())
+
+
+@pytest.mark.parametrize(
+    ("search", "named"),
+    [
+        ("agentmemory.testing.embeddings.embed", "SEARCH"),
+        ({"DIMS": 64}, "EMBED is missing"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed"}, "DIMS is missing"),
+        ({"EMBED": "agentmemory.testing.embeddings.nothing", "DIMS": 64}, "cannot be imported"),
+        ({"EMBED": 42, "DIMS": 64}, "EMBED must be"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 0}, "DIMS"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": "64"}, "DIMS"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "FIELDS": "text"}, "FIELDS"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "FIELDS": ["a..b"]}, "a..b"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "TIMEOUT": 0}, "TIMEOUT"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "MODEL": "x"}, "'MODEL'"),
+    ],
+)
+def test_a_bad_search_index_is_an_error_naming_what_is_wrong(settings, search, named):
+    settings.AGENTMEMORY = {"SEARCH": search}
+    messages = check_settings()
+    assert ids(messages) == ["agentmemory.E019"]
+    assert named in messages[0].msg
+
+
+def test_a_good_search_index_passes(settings):
+    settings.AGENTMEMORY = {
+        "SEARCH": {
+            "EMBED": "agentmemory.testing.embeddings.embed",
+            "DIMS": 64,
+            "FIELDS": ["text", "notes[*].body", "tags[0]"],
+            "TIMEOUT": None,
+        }
+    }
+    assert check_settings() == []

@@ -1,0 +1,355 @@
+"""Semantic recall: what a memory is indexed by, how it is embedded, how a search scores it.
+
+An :class:`Index` says which texts of a value are embedded (``fields``: JSON paths, ``"$"`` for the
+whole value), by which embedder and into how many dimensions. A memory's vectors are computed
+**before** its write takes the row lock whenever the value is known up front (``remember``,
+``remember_many``) and, for ``update(fn)`` and ``revert``, under the lock from the value just
+computed; they are stored in the same statements as the version they belong to, on the live row
+and on the history version. A search reads values and vectors in one statement, so a score is
+always computed from the vector of the version it returns. The embedder failing or timing out
+fails the write (:class:`EmbeddingFailed`) before anything is written.
+
+Vectors are stored L2-normalized as little-endian float32, one row per indexed text; a memory's
+score is its best text's cosine similarity to the query (LangGraph's max pooling).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+import math
+import re
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from .errors import EmbeddingFailed, InvalidMemory
+
+#: Fields of a value that a filter may name: letters, digits, ``_``, ``.``, ``-``.
+FILTER_FIELD = re.compile(r"^[a-zA-Z0-9_.-]+$")
+OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    "$eq": lambda a, b: a == b,
+    "$ne": lambda a, b: a != b,
+    "$gt": lambda a, b: a > b,
+    "$gte": lambda a, b: a >= b,
+    "$lt": lambda a, b: a < b,
+    "$lte": lambda a, b: a <= b,
+}
+#: The most results one search returns.
+SEARCH_LIMIT_MAX = 1000
+_PATH_TOKEN = re.compile(r"\[(\*|-?\d+)\]|([^.\[\]]+)")
+
+
+@dataclass(frozen=True)
+class Index:
+    """How memories are embedded for :meth:`~agentmemory.MemoryStore.search`.
+
+    ``embed``: a callable ``list[str] -> list[list[float]]``, a LangChain ``Embeddings`` (its
+    ``embed_documents`` and ``embed_query``), or the dotted path of either; ``dims``: the
+    vectors' length; ``fields``: the JSON paths of a value to embed (``"$"``: the whole value,
+    ``"text"``, ``"a.b"``, ``"items[*].text"``, ``"items[0]"``); ``timeout``: seconds an embedder
+    call may take (None: no limit)."""
+
+    embed: Any
+    dims: int
+    fields: tuple[str, ...] = ("$",)
+    timeout: float | None = 30.0
+    _paths: tuple[tuple[str, tuple[str, ...]], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+        problems = index_problems(self.embed, self.dims, self.fields, self.timeout)
+        if problems:
+            raise InvalidMemory("index", "; ".join(problems))
+        if isinstance(self.embed, str):
+            object.__setattr__(self, "embed", import_string(self.embed))
+        object.__setattr__(self, "_paths", tuple((f, parse_path(f)) for f in self.fields))
+
+    @classmethod
+    def from_settings(cls, config: Mapping[str, Any] | None) -> Index | None:
+        """``AGENTMEMORY["SEARCH"]`` (``{"EMBED", "DIMS", "FIELDS", "TIMEOUT"}``) as an Index."""
+        if not config:
+            return None
+        return cls(
+            embed=config["EMBED"],
+            dims=config["DIMS"],
+            fields=tuple(config.get("FIELDS") or ("$",)),
+            timeout=config.get("TIMEOUT", 30.0),
+        )
+
+    # ---------------------------------------------------------------- texts
+
+    def texts(self, value: Any, fields: Sequence[str] | None = None) -> list[str]:
+        """The texts of ``value`` this index embeds (``fields`` overrides the index's own)."""
+        paths = self._paths if fields is None else [(f, parse_path(f)) for f in fields]
+        found: list[str] = []
+        for name, tokens in paths:
+            found += _texts_at(value, tokens) if name != "$" else [_as_text(value)]
+        return found
+
+    # ---------------------------------------------------------------- embedding
+
+    def vectors(self, values: Sequence[Any], fields: Sequence[str] | None = None) -> list[Any]:
+        """The stored form of each value's vectors -- one embedder call for all of them; None
+        for a value with no text to index."""
+        texts_of = [self.texts(value, fields) for value in values]
+        flat = [text for texts in texts_of for text in texts]
+        if not flat:
+            return [None] * len(values)
+        matrix = self._call(self._documents, flat)
+        out, at = [], 0
+        for texts in texts_of:
+            out.append(pack(matrix[at : at + len(texts)]) if texts else None)
+            at += len(texts)
+        return out
+
+    def query_vector(self, query: str) -> Any:
+        """The query's unit vector (float32)."""
+        return self._call(self._query, [query])[0]
+
+    def _documents(self, texts: list[str]) -> Any:
+        embed = self.embed
+        if hasattr(embed, "embed_documents"):
+            return embed.embed_documents(texts)
+        return embed(texts)
+
+    def _query(self, texts: list[str]) -> Any:
+        embed = self.embed
+        if hasattr(embed, "embed_query"):
+            return [embed.embed_query(texts[0])]
+        return embed(texts)
+
+    def _call(self, fn: Callable[[list[str]], Any], texts: list[str]) -> Any:
+        """Run the embedder (on a worker thread when there is a timeout), then check and
+        normalize what it returned: a (len(texts), dims) float32 matrix of unit rows."""
+        import numpy as np
+
+        try:
+            if self.timeout is None:
+                raw = fn(texts)
+            else:
+                raw = _pool().submit(fn, texts).result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError as error:
+            raise EmbeddingFailed(
+                f"the embedder did not answer within {self.timeout} s (AGENTMEMORY['SEARCH']"
+                f"['TIMEOUT']) for {len(texts)} text(s); nothing was written",
+                cause=error,
+            ) from error
+        except Exception as error:
+            raise EmbeddingFailed(
+                f"the embedder raised {type(error).__name__}: {error} (for {len(texts)} "
+                "text(s)); nothing was written",
+                cause=error,
+            ) from error
+        try:
+            matrix = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError) as error:
+            raise EmbeddingFailed(
+                f"the embedder returned {type(raw).__name__}, not a list of vectors of numbers",
+                cause=error,
+            ) from error
+        if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+            raise EmbeddingFailed(
+                f"the embedder returned {matrix.shape[0] if matrix.ndim else 0} vector(s) of "
+                f"shape {matrix.shape[1:]} for {len(texts)} text(s); expected {len(texts)} "
+                f"vectors of {self.dims} numbers"
+            )
+        if matrix.shape[1] != self.dims:
+            raise EmbeddingFailed(
+                f"the embedder returned vectors of {matrix.shape[1]} dimensions; the index has "
+                f"dims={self.dims}"
+            )
+        if not np.isfinite(matrix).all():
+            raise EmbeddingFailed("the embedder returned a vector with NaN or infinity")
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0  # a zero vector stays zero: it scores 0 against anything
+        return (matrix / norms).astype(np.float32)
+
+    # ---------------------------------------------------------------- scoring
+
+    def scores(self, query: Any, blobs: Sequence[bytes]) -> Any:
+        """Each memory's score: the best cosine similarity of its vectors to ``query``. A
+        memory whose vectors have other dimensions (written under another configuration) scores
+        NaN: it is not returned."""
+        import numpy as np
+
+        one_row = _HEADER.pack(self.dims, 1)
+        width = _HEADER.size + 4 * self.dims
+        if all(len(b) == width and b[: _HEADER.size] == one_row for b in blobs):
+            # The common case, one text per memory: one matrix product.
+            matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), -1)
+            return (matrix[:, 1:] @ query).astype(np.float64)
+        result = np.full(len(blobs), np.nan)
+        for at, blob in enumerate(blobs):
+            rows = unpack(blob, self.dims)
+            if rows is not None:
+                result[at] = float((rows @ query).max())
+        return result
+
+
+#: Before the vectors: their dimensions and how many there are (uint16 each).
+_HEADER = struct.Struct("<HH")
+
+
+def pack(rows: Any) -> bytes:
+    """Unit vectors (a float32 matrix) -> the stored bytes: the header, then the rows."""
+    import numpy as np
+
+    count, dims = rows.shape
+    return _HEADER.pack(dims, count) + np.ascontiguousarray(rows, dtype="<f4").tobytes()
+
+
+def unpack(blob: bytes, dims: int) -> Any:
+    """The stored bytes -> a (count, dims) float32 matrix; None if they hold other dimensions
+    or are not vectors."""
+    import numpy as np
+
+    blob = bytes(blob)
+    if len(blob) < _HEADER.size:
+        return None
+    stored, count = _HEADER.unpack_from(blob)
+    if stored != dims or count < 1 or len(blob) != _HEADER.size + 4 * dims * count:
+        return None
+    return np.frombuffer(blob, dtype="<f4", offset=_HEADER.size).reshape(count, dims)
+
+
+def index_problems(embed: Any, dims: Any, fields: Any, timeout: Any) -> list[str]:
+    """What is wrong with an index configuration, in words (system check E019 and
+    :class:`Index` share them)."""
+    problems = []
+    if isinstance(embed, str):
+        try:
+            import_string(embed)
+        except ImportError as error:
+            problems.append(f"EMBED {embed!r} cannot be imported ({error})")
+    elif not (callable(embed) or hasattr(embed, "embed_documents")):
+        problems.append(
+            f"EMBED must be a callable list[str] -> list[list[float]], a LangChain Embeddings "
+            f"or a dotted path to one, got {type(embed).__name__}"
+        )
+    if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= 16_000:
+        problems.append(f"DIMS must be an int from 1 to 16000, got {dims!r}")
+    if isinstance(fields, str) or not isinstance(fields, Sequence) or not fields:
+        problems.append(
+            f'FIELDS must be a non-empty list of JSON paths such as ["$"], got {fields!r}'
+        )
+    else:
+        for path in fields:
+            try:
+                parse_path(path)
+            except ValueError as error:
+                problems.append(f"FIELDS: {error}")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        problems.append(f"TIMEOUT must be a number of seconds > 0 or None, got {timeout!r}")
+    return problems
+
+
+def parse_path(path: Any) -> tuple[str, ...]:
+    """``"items[*].text"`` -> ``("items", "[*]", "text")``; ``"$"`` -> ``()``."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"a path must be a non-empty str, got {path!r}")
+    if path == "$":
+        return ()
+    tokens = []
+    at = 0
+    for match in _PATH_TOKEN.finditer(path):
+        between = path[at : match.start()]
+        if between not in ("", ".") or (between == "." and not tokens):
+            raise ValueError(f"{path!r} is not a JSON path (a.b, a[0], a[*].b)")
+        tokens.append(f"[{match.group(1)}]" if match.group(1) else match.group(2))
+        at = match.end()
+    if at != len(path) or not tokens:
+        raise ValueError(f"{path!r} is not a JSON path (a.b, a[0], a[*].b)")
+    return tuple(tokens)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _texts_at(value: Any, tokens: tuple[str, ...]) -> list[str]:
+    if not tokens:
+        if value is None:
+            return []
+        if isinstance(value, bool | int | float):
+            return [json.dumps(value)]
+        return [_as_text(value)]
+    token, rest = tokens[0], tokens[1:]
+    if token.startswith("["):
+        if not isinstance(value, list):
+            return []
+        if token == "[*]":
+            return [text for item in value for text in _texts_at(item, rest)]
+        index = int(token[1:-1])
+        return _texts_at(value[index], rest) if -len(value) <= index < len(value) else []
+    if not isinstance(value, dict) or token not in value:
+        return []
+    return _texts_at(value[token], rest)
+
+
+# ------------------------------------------------------------------ filters
+
+
+def check_filter(conditions: Any) -> dict[str, Any]:
+    """A filter: ``{"field": value}`` (equality) or ``{"field": {"$gt": 3, ...}}``."""
+    if conditions is None:
+        return {}
+    if not isinstance(conditions, Mapping):
+        raise InvalidMemory(
+            "filter", f"must be a mapping of field to condition, got {conditions!r}"
+        )
+    for name, wanted in conditions.items():
+        if not isinstance(name, str) or not FILTER_FIELD.match(name):
+            raise InvalidMemory(
+                "filter",
+                f"field {name!r}: only letters, digits, underscores, dots and hyphens",
+            )
+        if isinstance(wanted, Mapping) and any(str(k).startswith("$") for k in wanted):
+            unknown = sorted(str(k) for k in wanted if k not in OPERATORS)
+            if unknown:
+                raise InvalidMemory(
+                    "filter",
+                    f"unknown operator(s) {unknown} on {name!r}; known: {sorted(OPERATORS)}",
+                )
+    return dict(conditions)
+
+
+def matches(value: Any, conditions: Mapping[str, Any]) -> bool:
+    """Whether ``value`` meets every condition; numbers compare as numbers, values of types
+    that do not compare never match."""
+    if not isinstance(value, Mapping):
+        return not conditions
+    for name, wanted in conditions.items():
+        actual: Any = value
+        for part in name.split("."):
+            actual = actual.get(part) if isinstance(actual, Mapping) else None
+        if isinstance(wanted, Mapping) and wanted and all(k in OPERATORS for k in wanted):
+            for operator, operand in wanted.items():
+                try:
+                    if actual is None or not OPERATORS[operator](actual, operand):
+                        return False
+                except TypeError:  # "3" > 2: not comparable, not a match
+                    return False
+        elif actual != wanted:
+            return False
+    return True
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Where embedder calls with a timeout run (a call that times out keeps its thread until it
+    returns; the caller has its answer already)."""
+    return concurrent.futures.ThreadPoolExecutor(
+        max_workers=16, thread_name_prefix="agentmemory-embed"
+    )

@@ -1,0 +1,340 @@
+"""Semantic recall (``MemoryStore.search``): ranking, and the contract's semantic 12 -- every score
+comes from the vectors of the version returned; forgotten, expired and erased memories are never
+returned; an acknowledged write is seen by every later search -- on every backend, with the Redis
+tier on and off."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from agentmemory import EmbeddingFailed, Index, InvalidMemory, MemoryStore, ScoredMemory
+from agentmemory.defects import Defect
+from agentmemory.models import Memory, MemoryVersion
+from agentmemory.testing.embeddings import HashEmbedder
+
+from .conftest import redis_alias
+
+DIMS = 32
+FIELDS = ["text"]
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make(cache: str | None, *, embed=None, fields=FIELDS, timeout=30.0, **kwargs) -> MemoryStore:
+    index = Index(embed=embed or HashEmbedder(DIMS), dims=DIMS, fields=fields, timeout=timeout)
+    return MemoryStore(cache=cache, index=index, **kwargs)
+
+
+@pytest.fixture(params=["db", "redis"])
+def cache(request) -> str | None:
+    return None if request.param == "db" else redis_alias()
+
+
+@pytest.fixture
+def store(cache) -> MemoryStore:
+    return make(cache)
+
+
+def cosine_score(query: str, value, fields=FIELDS) -> float:
+    """The score a result must have, worked out here without the store: the best cosine
+    similarity between the query's vector and those of the value's texts."""
+    embedder = HashEmbedder(DIMS)
+    index = Index(embed=embedder, dims=DIMS, fields=fields)
+
+    def unit(vector):
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        return [x / norm for x in vector]
+
+    q = unit(embedder.vector(query))
+    texts = index.texts(value)
+    return max(sum(a * b for a, b in zip(q, unit(embedder.vector(t)), strict=True)) for t in texts)
+
+
+def assert_scores_true(query: str, results: list[ScoredMemory], store: MemoryStore) -> None:
+    """Each result: its value is the stored value of the version it names, and its score is
+    computed from that value."""
+    for result in results:
+        stored = MemoryVersion.objects.get(
+            memory__session_id=result.session_id, memory__key=result.key, version=result.version
+        )
+        assert stored.value == result.value, result
+        expected = cosine_score(query, result.value)
+        assert result.score == pytest.approx(expected, abs=1e-5), (
+            f"{result.key} v{result.version} scored {result.score}, its value scores {expected}"
+        )
+
+
+def test_memories_are_ranked_by_meaning(store):
+    store.remember("s", "pets", {"text": "the cat sat on the mat"})
+    store.remember("s", "park", {"text": "dogs chase a ball in the park"})
+    store.remember("s", "physics", {"text": "quantum chromodynamics lecture notes"})
+    results = store.search("s", "a cat on a mat")
+    assert [r.key for r in results][:1] == ["pets"]
+    assert all(isinstance(r, ScoredMemory) for r in results)
+    assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+    assert_scores_true("a cat on a mat", results, store)
+    top = results[0]
+    assert (top.session_id, top.version, top.value) == ("s", 1, {"text": "the cat sat on the mat"})
+
+
+@pytest.mark.parametrize("how", ["remember", "update", "revert", "remember_many"])
+def test_a_score_comes_from_the_version_returned_after_every_kind_of_write(store, how):
+    store.remember("s", "k", {"text": "apples and pears"})
+    store.remember("s", "k", {"text": "rockets and satellites"})
+    if how == "remember":
+        store.remember("s", "k", {"text": "bread and butter"})
+    elif how == "update":
+        store.update("s", "k", lambda v: {"text": v["text"] + " and moons"})
+    elif how == "revert":
+        store.revert("s", "k", 1)
+    else:
+        store.remember_many("s", {"k": {"text": "bread and butter"}, "j": {"text": "jam"}})
+    for query in ("apples", "rockets moons", "bread"):
+        results = store.search("s", query, limit=5)
+        assert [r.version for r in results if r.key == "k"] == [3]
+        assert_scores_true(query, results, store)
+
+
+def test_the_stale_vector_defect_breaks_the_score_check():
+    """The test above fails when an overwrite keeps the vectors of the value it replaces."""
+    stale = make(None, defects={Defect.STALE_VECTOR})
+    stale.remember("s", "k", {"text": "apples and pears"})
+    stale.remember("s", "k", {"text": "rockets and satellites"})
+    with pytest.raises(AssertionError, match="scored"):
+        assert_scores_true("apples", stale.search("s", "apples"), stale)
+
+
+def test_forgotten_expired_and_erased_memories_are_never_returned(store, memory_clock):
+    store.remember("s", "gone", {"text": "cat"})
+    store.remember("s", "short", {"text": "cat"}, ttl=60)
+    store.remember("s", "kept", {"text": "cat"})
+    store.remember("t", "erased", {"text": "cat"})
+    store.forget("s", "gone")
+    memory_clock.advance(61)
+    store.erase_session("t")
+    assert [r.key for r in store.search("s", "cat")] == ["kept"]
+    assert store.search("t", "cat") == []
+    store.forget_session("s")
+    assert store.search("s", "cat") == []
+    store.remember("s", "gone", {"text": "a cat again"})
+    assert [(r.key, r.version) for r in store.search("s", "cat")] == [("gone", 3)]
+
+
+def test_a_write_acknowledged_before_a_search_is_seen_by_any_client(cache, concurrently):
+    """Writer and searcher are different threads (connections) and stores: every acknowledged
+    version is the one the next search returns, whatever the cache holds."""
+    writer, reader = make(cache), make(cache)
+    for n in range(5):
+        text = f"note number {n} about cats"
+        concurrently(lambda i, t=text: writer.remember("s", "k", {"text": t}), workers=1)
+        reader.recall("s", "k")  # the cache may hold this version: search must not care
+        found = concurrently(lambda i: reader.search("s", "cats"), workers=1)[0]
+        assert [(r.version, r.value["text"]) for r in found] == [(n + 1, text)]
+
+
+def test_searches_during_concurrent_overwrites_pair_every_score_with_its_version(
+    store, concurrently
+):
+    """Writers overwrite and forget indexed memories while searchers run: every result's value
+    is its version's, and its score that value's."""
+    words = ["cat", "dog", "bird", "fish", "horse", "cow"]
+    queries: list[tuple[str, list[ScoredMemory]]] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        for n in range(25):
+            if i % 2:
+                key = f"k{n % 3}"
+                if n % 7 == 6:
+                    store.forget("s", key)
+                elif n % 2:
+                    store.update("s", key, lambda v, n=n: {"text": f"{words[n % 6]} {n}"})
+                else:
+                    store.remember("s", key, {"text": f"{words[(n + i) % 6]} and {words[n % 6]}"})
+            else:
+                query = words[(n + i) % 6]
+                found = store.search("s", query, limit=3)
+                with lock:
+                    queries.append((query, found))
+
+    concurrently(work, workers=4)
+    assert sum(len(found) for _, found in queries) > 0
+    for query, found in queries:
+        assert_scores_true(query, found, store)
+
+
+def test_an_embedder_that_fails_fails_the_write_and_nothing_is_written(cache):
+    def broken(texts):
+        raise ConnectionError("the embedding service is down")
+
+    good = make(cache)
+    good.remember("s", "k", {"text": "first"})
+    bad = make(cache, embed=broken)
+    for write in (
+        lambda: bad.remember("s", "k", {"text": "second"}),
+        lambda: bad.remember("s", "new", {"text": "second"}),
+        lambda: bad.remember_many("s", {"k": {"text": "second"}, "new": {"text": "x"}}),
+        lambda: bad.update("s", "k", lambda v: {"text": "second"}),
+        lambda: bad.revert("s", "k", 1),
+    ):
+        with pytest.raises(EmbeddingFailed, match="ConnectionError: the embedding service is down"):
+            write()
+    assert bad.recall("s", "new") is None
+    assert [(v.version, v.value) for v in bad.history("s", "k")] == [(1, {"text": "first"})]
+    assert Memory.objects.filter(key="new").count() == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        (lambda texts: [[1.0] * (DIMS - 1) for _ in texts], "31 dimensions; the index has dims=32"),
+        (lambda texts: [], r"0 vector\(s\)"),
+        (lambda texts: [[math.nan] * DIMS for _ in texts], "NaN"),
+        (lambda texts: "not vectors", "not a list of vectors"),
+    ],
+)
+def test_an_embedder_answer_that_is_not_one_vector_per_text_fails_the_write(answer, named):
+    store = make(None, embed=answer)
+    with pytest.raises(EmbeddingFailed, match=named):
+        store.remember("s", "k", {"text": "hello"})
+    assert Memory.objects.count() == 0
+
+
+def test_an_embedder_that_does_not_answer_in_time_fails_the_write():
+    release = threading.Event()
+
+    def stuck(texts):
+        release.wait()  # answers only after the test has seen the timeout
+        return [[1.0] * DIMS for _ in texts]
+
+    store = make(None, embed=stuck, timeout=0.05)
+    try:
+        with pytest.raises(EmbeddingFailed, match=r"did not answer within 0\.05 s"):
+            store.remember("s", "k", {"text": "hello"})
+    finally:
+        release.set()
+    assert Memory.objects.count() == 0
+
+
+def test_index_false_and_other_fields_per_write(store):
+    store.remember("s", "plain", {"text": "cat"}, index=False)
+    store.remember("s", "title", {"text": "dog", "title": "cat"}, index=["title"])
+    store.remember("s", "nothing", {"title": "cat"})  # no "text": nothing to index
+    assert [r.key for r in store.search("s", "cat")] == ["title"]
+    assert store.recall("s", "plain").value == {"text": "cat"}
+
+
+def test_several_texts_score_by_the_best_one(cache):
+    store = make(cache, fields=["notes[*]"])
+    store.remember("s", "k", {"notes": ["quantum physics", "a cat on a mat"]})
+    store.remember("s", "j", {"notes": ["cat food", "dog food", "fish food"]})
+    (best, second) = store.search("s", "cat on a mat")
+    assert (best.key, second.key) == ("k", "j")
+    embedder = HashEmbedder(DIMS)
+    index = Index(embed=embedder, dims=DIMS, fields=["notes[*]"])
+    assert index.texts(best.value) == ["quantum physics", "a cat on a mat"]
+
+
+def test_search_is_confined_to_its_session_and_search_sessions_to_its_prefix(store):
+    for session in ("a", "a%", "a_", "A", "b"):
+        store.remember(session, "k", {"text": "cat"})
+    assert [r.session_id for r in store.search("a", "cat")] == ["a"]
+    assert [r.session_id for r in store.search("a%", "cat")] == ["a%"]
+    assert sorted(r.session_id for r in store.search_sessions("a", "cat")) == ["a", "a%", "a_"]
+    assert sorted(r.session_id for r in store.search_sessions("", "cat")) == [
+        "A",
+        "a",
+        "a%",
+        "a_",
+        "b",
+    ]
+
+
+def test_prefix_filter_limit_and_offset(store):
+    for n in range(6):
+        store.remember("s", f"note-{n}", {"text": "cat " * (n + 1), "n": n, "kind": "note"})
+    store.remember("s", "Note-9", {"text": "cat", "n": 9, "kind": "note"})
+    store.remember("s", "other", {"text": "cat", "n": 1, "kind": "other"})
+    everything = store.search("s", "cat", prefix="note-", limit=100)
+    assert sorted(r.key for r in everything) == [f"note-{n}" for n in range(6)]
+    pages = [store.search("s", "cat", prefix="note-", limit=2, offset=o) for o in (0, 2, 4)]
+    assert [r.key for page in pages for r in page] == [r.key for r in everything]
+    assert sorted(r.key for r in store.search("s", "cat", filter={"n": {"$gte": 4}})) == [
+        "Note-9",
+        "note-4",
+        "note-5",
+    ]
+    assert [r.key for r in store.search("s", "cat", filter={"kind": "other"})] == ["other"]
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.search("s", ""), "query"),
+        (lambda s: s.search("s", "   "), "query"),
+        (lambda s: s.search("s", None), "query"),
+        (lambda s: s.search("s", "cat", limit=0), "limit"),
+        (lambda s: s.search("s", "cat", limit=1001), "limit"),
+        (lambda s: s.search("s", "cat", offset=-1), "offset"),
+        (lambda s: s.search("s", "cat", prefix="a\x00"), "prefix"),
+        (lambda s: s.search("s", "cat", filter={"a b": 1}), "filter"),
+        (lambda s: s.search("s", "cat", filter={"n": {"$near": 1}}), "filter"),
+        (lambda s: s.search("s", "cat", filter=["n"]), "filter"),
+        (lambda s: s.search("", "cat"), "session_id"),
+        (lambda s: s.search_sessions("a\n", "cat"), "prefix"),
+        (lambda s: s.remember("s", "k", {"text": "x"}, index="text"), "index"),
+        (lambda s: s.remember("s", "k", {"text": "x"}, index=["a..b"]), "index"),
+    ],
+)
+def test_bad_search_input_is_refused_naming_the_field(call, field):
+    store = make(None)
+    with pytest.raises(InvalidMemory) as raised:
+        call(store)
+    assert raised.value.field == field
+    assert Memory.objects.count() == 0
+
+
+def test_a_store_without_an_index_says_how_to_configure_one():
+    with pytest.raises(ImproperlyConfigured, match=r"AGENTMEMORY\['SEARCH'\]"):
+        MemoryStore(cache=None, index=None).search("s", "cat")
+
+
+def test_the_index_comes_from_settings(settings):
+    settings.AGENTMEMORY = {
+        "SEARCH": {"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "FIELDS": ["t"]}
+    }
+    store = MemoryStore(cache=None)
+    assert store.index is not None and store.index.dims == 64
+    store.remember("s", "k", {"t": "hello world"})
+    assert [r.key for r in store.search("s", "hello")] == ["k"]
+
+
+def test_vectors_of_another_configuration_are_not_compared(cache):
+    make(cache).remember("s", "k", {"text": "cat"})
+    other = MemoryStore(cache=cache, index=Index(embed=HashEmbedder(16), dims=16, fields=FIELDS))
+    assert other.search("s", "cat") == []
+    other.remember("s", "j", {"text": "cat"})
+    assert [r.key for r in other.search("s", "cat")] == ["j"]
+
+
+def test_a_search_inside_a_transaction_sees_the_transactions_own_writes(store):
+    with transaction.atomic():
+        store.remember("s", "k", {"text": "uncommitted cat"})
+        assert [r.key for r in store.search("s", "cat")] == ["k"]
+        transaction.set_rollback(True)
+    assert store.search("s", "cat") == []
+
+
+def test_the_async_twins(store):
+    async def main():
+        await store.aremember("s", "k", {"text": "cat"})
+        return await store.asearch("s", "cat"), await store.asearch_sessions("s", "cat")
+
+    one, many = asyncio.run(main())
+    assert [r.key for r in one] == [r.key for r in many] == ["k"]
