@@ -72,7 +72,7 @@ def test_search_by_prefix_with_filters_limit_and_offset(lg):
     assert len(lg.search(("docs",), filter={"n": {"$ne": 3}}, limit=100)) == 11
     page = lg.search(("docs",), limit=5, offset=10)
     assert [i.key for i in page] == [i.key for i in found][10:15]
-    with pytest.raises(NotImplementedError, match="no vector index"):
+    with pytest.raises(NotImplementedError, match="has no index"):
         lg.search(("docs",), query="similar to this")
 
 
@@ -212,3 +212,88 @@ def test_parallel_nodes_lose_nothing_here_and_lose_updates_on_langgraphs_own_sto
     assert run_graph(lg) == NODES  # 8 updates written, 8 kept
     assert len(lg.history(NAMESPACE, "counter")) == NODES
     assert run_graph(InMemoryStore()) < NODES  # LangGraph's store: last write wins
+
+
+# ------------------------------------------------------------------ semantic search (index=)
+
+DIMS = 256
+DOCS = {
+    ("docs", "pets"): {"text": "the cat sat on the mat", "n": 1},
+    ("docs", "pets", "dogs"): {"text": "a dog chased a ball across the park", "n": 2},
+    ("docs", "science"): {"text": "quantum physics lecture about particles", "n": 3},
+    ("docs", "food"): {"text": "a recipe for cat shaped cookies", "n": 4},
+    ("other",): {"text": "the cat on the mat again", "n": 5},
+}
+
+
+def semantic_pair(fields=("text",)):
+    """agentmemory's store and LangGraph's InMemoryStore, same index config, same data."""
+    from agentmemory.testing.embeddings import HashEmbedder
+
+    config = {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": list(fields)}
+    ours, theirs = AgentMemoryStore(index=config), InMemoryStore(index=config)
+    for (*namespace, label), value in DOCS.items():
+        for store in (ours, theirs):
+            store.put((*namespace, label), f"k-{label}", value)
+    return ours, theirs
+
+
+def ranked(items):
+    """Best first; equal scores in (namespace, key) order (LangGraph's InMemoryStore leaves
+    them in insertion order). Items without a score -- InMemoryStore pads a short result with
+    unindexed items; PostgresStore, and agentmemory, return indexed items only -- are left out."""
+    scored = [(-round(i.score, 5), i.namespace, i.key) for i in items if i.score is not None]
+    return [(namespace, key, -score) for score, namespace, key in sorted(scored)]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "query", "extra"),
+    [
+        (("docs",), "a cat on a mat", {}),
+        ((), "cat cookies recipe", {}),
+        (("docs",), "physics particles", {}),
+        (("docs", "pets"), "cat dog park", {}),
+        (("docs",), "cat", {"filter": {"n": {"$gte": 2}}}),
+    ],
+)
+def test_search_by_meaning_ranks_and_scores_as_langgraphs_own_store(prefix, query, extra):
+    ours, theirs = semantic_pair()
+    found = ours.search(prefix, query=query, **extra)
+    assert ranked(found) == ranked(theirs.search(prefix, query=query, **extra))
+    assert [r.score for r in found] == sorted((r.score for r in found), reverse=True)
+    assert ranked(ours.search(prefix, query=query, limit=2, offset=1, **extra)) == ranked(
+        found[1:3]
+    )
+
+
+def test_search_by_meaning_after_overwrites_deletes_and_per_put_index():
+    ours, theirs = semantic_pair()
+    for store in (ours, theirs):
+        store.put(("docs", "pets"), "k-pets", {"text": "physics of a cat", "n": 1})
+        store.delete(("docs", "food"), "k-food")
+        store.put(("docs",), "hidden", {"text": "cat cat cat"}, index=False)
+        store.put(("docs",), "titled", {"text": "nothing", "title": "cat mat"}, index=["title"])
+    for query in ("a cat on a mat", "physics", "cat"):
+        assert ranked(ours.search(("docs",), query=query)) == ranked(
+            theirs.search(("docs",), query=query)
+        )
+    assert "hidden" not in {i.key for i in ours.search(("docs",), query="cat")}
+
+
+def test_search_by_meaning_with_the_whole_value_indexed_and_async():
+    ours, theirs = semantic_pair(fields=("$",))
+
+    async def both():
+        return await ours.asearch(("docs",), query="cat mat"), await theirs.asearch(
+            ("docs",), query="cat mat"
+        )
+
+    mine, reference = asyncio.run(both())
+    assert ranked(mine) == ranked(reference)
+
+
+def test_an_index_needs_cosine_and_its_keys():
+    with pytest.raises(ValueError, match="cosine only"):
+        AgentMemoryStore(index={"dims": 4, "embed": lambda t: [], "distance_type": "l2"})
+    with pytest.raises(ValueError, match="'dims'"):
+        AgentMemoryStore(index={"embed": lambda t: []})

@@ -8,15 +8,16 @@ and a read-modify-write helper for parallel nodes that update shared memory.
 Namespaces map to sessions reversibly: ``("users", "ada")`` is session ``lg:users/ada/`` (each label
 percent-encoded, so look-alike labels never meet). Items are memories whose values are dicts.
 
-Not supported: semantic (vector) search -- a ``search(..., query=...)`` raises
-``NotImplementedError`` rather than silently returning unranked items; ``index`` on put is accepted
-and ignored.
+Semantic search as LangGraph's stores do it: ``AgentMemoryStore(index={"dims": 1536, "embed":
+..., "fields": ["text"]})``, ``put(..., index=False | [fields])``, ``search(prefix, query=...)``
+ranked by cosine similarity, each item's ``score`` computed from the vectors of the very version it
+returns (:meth:`agentmemory.MemoryStore.search`). Without an index, ``search(query=...)`` raises
+``NotImplementedError`` rather than silently returning unranked items.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from langgraph.store.base import (
     NOT_PROVIDED,
     BaseStore,
     GetOp,
+    IndexConfig,
     InvalidNamespaceError,
     Item,
     ListNamespacesOp,
@@ -39,24 +41,17 @@ from langgraph.store.base import (
     SearchOp,
     TTLConfig,
 )
+from langgraph.store.base.embed import ensure_embeddings
 
 from .. import aio, clock
 from ..errors import InvalidMemory, VersionConflict
 from ..models import Memory, is_live
+from ..semantic import FILTER_FIELD, Index, matches
 from ..store import MemoryStore
 from ..validation import SESSION_ID_MAX
 from ..vendors import prefix_filter
 
 PREFIX = "lg:"
-FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
-OPERATORS = {
-    "$eq": lambda a, b: a == b,
-    "$ne": lambda a, b: a != b,
-    "$gt": lambda a, b: a > b,
-    "$gte": lambda a, b: a >= b,
-    "$lt": lambda a, b: a < b,
-    "$lte": lambda a, b: a <= b,
-}
 
 
 def session_of(namespace: tuple[str, ...]) -> str:
@@ -79,13 +74,32 @@ class AgentMemoryStore(BaseStore):
 
     ``ttl`` follows LangGraph's ``TTLConfig``: ``default_ttl`` in minutes for puts that give none,
     ``refresh_on_read`` to push an item's expiry back when it is read (a new version, written with
-    compare-and-set so that it never overwrites a newer write)."""
+    compare-and-set so that it never overwrites a newer write).
+
+    ``index`` follows LangGraph's ``IndexConfig``: ``dims``, ``embed`` (an ``Embeddings``, a
+    function of texts, or a ``"provider:model"`` string as LangGraph takes it) and ``fields``
+    (default ``["$"]``, the whole value); the distance is cosine. Or give the
+    :class:`~agentmemory.MemoryStore` an :class:`~agentmemory.Index` of its own."""
 
     supports_ttl = True
 
-    def __init__(self, store: MemoryStore | None = None, *, ttl: TTLConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: MemoryStore | None = None,
+        *,
+        ttl: TTLConfig | None = None,
+        index: IndexConfig | None = None,
+    ) -> None:
+        if index is not None:
+            if store is not None:
+                raise ValueError(
+                    "pass index= to AgentMemoryStore or an Index to MemoryStore(index=...), "
+                    "not a store and an index"
+                )
+            store = MemoryStore(index=index_of(index))
         self.store = store or MemoryStore()
         self.ttl_config = ttl or TTLConfig(refresh_on_read=True)
+        self.index_config = index
 
     # ---------------------------------------------------------------- BaseStore
 
@@ -231,7 +245,9 @@ class AgentMemoryStore(BaseStore):
             raise InvalidMemory(
                 "value", f"LangGraph items are dicts, got {type(op.value).__name__}"
             )
-        self.store.remember(session, op.key, dict(op.value), ttl=self._ttl_seconds(op.ttl))
+        self.store.remember(
+            session, op.key, dict(op.value), ttl=self._ttl_seconds(op.ttl), index=op.index
+        )
 
     def _ttl_seconds(self, minutes: Any) -> float | None:
         """LangGraph's TTL in minutes -> seconds. As in LangGraph: omitted means the configured
@@ -264,18 +280,15 @@ class AgentMemoryStore(BaseStore):
     def _search(self, op: SearchOp) -> list[SearchItem]:
         for field in op.filter or {}:
             # As LangGraph's SQL stores: a filter names JSON fields, nothing else.
-            if not isinstance(field, str) or not FILTER_KEY.match(field):
+            if not isinstance(field, str) or not FILTER_FIELD.match(field):
                 raise ValueError(
                     f"Invalid filter key: {field!r}. Filter keys must contain only alphanumeric "
                     "characters, underscores, dots, and hyphens."
                 )
+        under = session_of(op.namespace_prefix) if op.namespace_prefix else PREFIX
         if op.query:
-            raise NotImplementedError(
-                "agentmemory's LangGraph store has no vector index: search(query=...) is not "
-                "supported. Use namespace_prefix and filter, or LangGraph's PostgresStore with "
-                "an index for semantic search."
-            )
-        rows = self._rows_under(session_of(op.namespace_prefix) if op.namespace_prefix else PREFIX)
+            return self._semantic_search(op, under)
+        rows = self._rows_under(under)
         now = clock.now()
         found = []
         for row in rows.order_by("session_id", "key").iterator(chunk_size=500):
@@ -297,6 +310,36 @@ class AgentMemoryStore(BaseStore):
                 record = self._refresh(record)
                 value, created, updated = record.value, record.created_at, record.updated_at
             items.append(SearchItem(namespace_of(row.session_id), row.key, value, created, updated))
+        return items
+
+    def _semantic_search(self, op: SearchOp, under: str) -> list[SearchItem]:
+        """Items ranked by cosine similarity to ``op.query`` (only items that were indexed, as
+        LangGraph's PostgresStore)."""
+        if self.store.index is None:
+            raise NotImplementedError(
+                "this AgentMemoryStore has no index: search(query=...) needs "
+                'AgentMemoryStore(index={"dims": ..., "embed": ..., "fields": [...]}). Without '
+                "a query, search by namespace_prefix and filter."
+            )
+        found = self.store.search_sessions(
+            under, op.query or "", filter=op.filter, limit=op.limit, offset=op.offset
+        )
+        refresh = op.refresh_ttl and self.ttl_config.get("refresh_on_read")
+        items = []
+        for result in found:
+            record: Any = result
+            if refresh and result.expires_at is not None:
+                record = self._refresh(result)
+            items.append(
+                SearchItem(
+                    namespace_of(result.session_id),
+                    result.key,
+                    record.value,
+                    record.created_at,
+                    record.updated_at,
+                    score=result.score,
+                )
+            )
         return items
 
     def _rows_under(self, prefix: str) -> Any:
@@ -337,25 +380,18 @@ class AgentMemoryStore(BaseStore):
         )
 
 
-def matches(value: Any, conditions: Mapping[str, Any]) -> bool:
-    """LangGraph's filter: equality, or ``{"$gt": 3}``-style operators; numbers compare as
-    numbers (LangGraph's PostgresStore compares them as text: "10" < "9")."""
-    if not isinstance(value, Mapping):
-        return False
-    for field, wanted in conditions.items():
-        actual = value
-        for part in field.split("."):
-            actual = actual.get(part) if isinstance(actual, Mapping) else None
-        if isinstance(wanted, Mapping) and wanted and all(k in OPERATORS for k in wanted):
-            for operator, operand in wanted.items():
-                try:
-                    if actual is None or not OPERATORS[operator](actual, operand):
-                        return False
-                except TypeError:  # "3" > 2: not comparable, not a match
-                    return False
-        elif actual != wanted:
-            return False
-    return True
+def index_of(config: IndexConfig) -> Index:
+    """LangGraph's ``IndexConfig`` as an agentmemory :class:`~agentmemory.Index`."""
+    distance = config.get("distance_type", "cosine")  # type: ignore[typeddict-item]
+    if distance != "cosine":
+        raise ValueError(f"index distance_type {distance!r}: agentmemory scores by cosine only")
+    try:
+        dims, embed = config["dims"], config["embed"]
+    except KeyError as missing:
+        raise ValueError(f"index config needs {missing.args[0]!r}") from None
+    return Index(
+        embed=ensure_embeddings(embed), dims=dims, fields=tuple(config.get("fields") or ("$",))
+    )
 
 
 def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) -> bool:
@@ -365,4 +401,4 @@ def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) 
     return all(p == "*" or p == n for p, n in zip(path, part, strict=True))
 
 
-__all__ = ["AgentMemoryStore", "matches", "namespace_of", "session_of"]
+__all__ = ["AgentMemoryStore", "index_of", "matches", "namespace_of", "session_of"]
