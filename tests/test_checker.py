@@ -86,6 +86,27 @@ def _forgotten_at(when, then=None):
 CLEAN = [write("w1", 0, 1, 1), read("r1", 2, 3, 1, "w1"), write("w2", 4, 5, 2)]
 
 
+def texted(token, text="cat dog fish"):
+    """A value of the search workload: indexed by its text."""
+    return {**w(token), "text": text}
+
+
+def searched(score, query="cat"):
+    """v1 holds a text; a search for ``query`` returned it with ``score``."""
+    value = texted("w1")
+    ops = [
+        op("w1", "remember", 0, 1, version=1, value=value, result=value),
+        op("r", "recall", 2, 3, version=1, result=value, query=query, score=score),
+    ]
+    state = StoredKey(
+        rows=1,
+        live_version=1,
+        live_state="live",
+        versions=[StoredVersion(1, "write", value, 0.0, None)],
+    )
+    return ops, state
+
+
 def test_a_coherent_history_passes():
     assert found(CLEAN, {(S, K): stored("w1", "w2")}) == Counter()
 
@@ -237,6 +258,8 @@ CASES = {
         [op("w1", "remember", 0, 1, status="info", value=w("w1"), error="OperationalError: boom")],
         StoredKey(),
     ),
+    # A search scored the value by another text's vector (an older version's, say).
+    "search-score": searched(0.9),
 }
 
 
@@ -511,3 +534,17 @@ def test_each_excuse_on_both_sides(case):
     ops, state, check, flagged = EXCUSES[case]
     anomalies = found(ops, {(S, K): state} if state.rows else {})
     assert (anomalies[check] > 0) is flagged, anomalies
+
+
+def test_a_search_score_is_recomputed_from_the_value_returned():
+    from agentmemory.consistency.semantic import SCORE_TOLERANCE, expected_score
+
+    right = expected_score("cat", texted("w1"))
+    assert 0 < right < 1
+    for score, flagged in [(right, 0), (right + SCORE_TOLERANCE / 2, 0), (right + 0.01, 1)]:
+        ops, state = searched(score)
+        assert found(ops, {(S, K): state})["search-score"] == flagged, score
+    # A result whose value has no text to index cannot have been scored by it.
+    ops, state = searched(right)
+    ops[1].result = w("w1")
+    assert found(ops, {(S, K): state})["search-score"] == 1

@@ -1,6 +1,7 @@
 """manage.py memcheck: exit 0 on the locked path, 1 with counterexamples on the unlocked one."""
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -51,14 +52,14 @@ def test_memcheck_json_report(tmp_path):
     report = json.loads(out)
     ops = [json.loads(line) for line in history.read_text().splitlines()]
     assert code == 0 and report["anomalies"] == [] and report["operations"] == len(ops)
-    # 200 calls by the workers (a recall_many or remember_many is recorded once per key, as
-    # <call id>-<key> or under one id), then two rounds of final reads of every key (3 sessions
-    # x 15 keys: reg, list, ttl 3 each, many 3 and their look-alikes Many 3).
+    # 200 calls by the workers (a recall_many, remember_many or search is recorded once per key,
+    # as <call id>-<key> or under one id), then two rounds of final reads of every key (3
+    # sessions x 18 keys: reg, list, ttl, search 3 each, many 3 and their look-alikes Many 3).
     calls = {
-        op["id"].split("-many-")[0].split("-Many-")[0] for op in ops if op["client"] != "final"
+        re.sub(r"-(many|Many|search)-\d+$", "", op["id"]) for op in ops if op["client"] != "final"
     }
     assert len(calls) == 200
-    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 15
+    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 18
     assert set(report["latency_ms"]) >= {"recall", "remember", "append"}
     assert {"p50", "p95", "p99"} <= set(report["latency_ms"]["recall"])
 

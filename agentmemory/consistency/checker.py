@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..records import VALUE_OPS
+from . import semantic
 from .history import History, Operation, token_of
 from .state import StoredKey, StoredVersion
 
@@ -37,6 +38,7 @@ CHECKS = {
     "ttl-stored": "every version's expiry is its write's time plus the TTL asked for (none if none)",
     "expiry-mismatch": "every read and write reports the expiry its version was stored with",
     "prefix-read": "recall_many(prefix=) returns only keys that start with the prefix, exactly",
+    "search-score": "every search result's score is computed from the value of the version returned",
     "read-own-write": "inside the caller's transaction, a read returns the write just made",
     "erased-read": "after erase_session, no read returns a memory of the erased session",
     "bad-input": "every call with bad input raises InvalidMemory and changes nothing",
@@ -235,6 +237,8 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
             )
         if op.prefix is not None and not op.key.startswith(op.prefix):
             report("prefix-read", f"recall_many(prefix={op.prefix!r}) returned {op.key!r}", op)
+        if op.query is not None and op.status == "ok" and op.version is not None:
+            _check_score(op, report)
 
     # Writes: each acknowledged one is exactly one version, holding its value.
     acked_at: dict[int, list[Operation]] = defaultdict(list)
@@ -283,6 +287,21 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
     _check_reads(session_id, key, ops, by_version, writers, report)
     _check_monotonic(ops, report)
     return found
+
+
+def _check_score(op: Operation, report: Any) -> None:
+    """A search result: its score is the one its value gets (recomputed here, independently of
+    the store's vectors) -- a vector of another version gives another score."""
+    expected = semantic.expected_score(op.query or "", op.result)
+    if expected is None or op.score is None:
+        report("search-score", f"search returned v{op.version}, which has no text to index", op)
+    elif abs(op.score - expected) > semantic.SCORE_TOLERANCE:
+        report(
+            "search-score",
+            f"search for {op.query!r} scored v{op.version} {op.score:.5f}; its value scores "
+            f"{expected:.5f}",
+            op,
+        )
 
 
 def _check_expiry(op: Operation, stored: StoredVersion, report: Any) -> None:

@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 Status = Literal["ok", "fail", "info"]  # info: indeterminate, the write may or may not have applied
 
-WRITE_KINDS = frozenset({"remember", "cas", "append", "ttl-write", "retry", "many", "txn-write"})
+WRITE_KINDS = frozenset(
+    {"remember", "cas", "append", "ttl-write", "retry", "many", "txn-write", "update"}
+)
 READ_KINDS = frozenset({"recall"})
 
 
@@ -20,8 +22,8 @@ READ_KINDS = frozenset({"recall"})
 class Operation:
     id: str
     client: str
-    # remember | cas | append | ttl-write | retry | many | txn-write | recall | forget | erase |
-    # bad-input (a recall_many is recorded as one recall per key)
+    # remember | cas | append | ttl-write | retry | many | txn-write | update | recall | forget |
+    # erase | bad-input (a recall_many or a search is recorded as one recall per key)
     kind: str
     session_id: str
     key: str
@@ -39,6 +41,8 @@ class Operation:
     node: str | None = None  # the database alias the client was pinned to
     ttl: float | None = None  # of a write: the TTL asked for (or the default), seconds
     prefix: str | None = None  # of a read made by recall_many(prefix=)
+    query: str | None = None  # of a read made by search(query): the query
+    score: float | None = None  # and the score it gave the version read
 
     @property
     def is_write(self) -> bool:

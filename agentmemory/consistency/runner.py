@@ -25,6 +25,7 @@ from ..defects import NONE as NO_DEFECTS
 from ..defects import Defect, Defects
 from ..models import Memory
 from ..store import MemoryStore
+from . import semantic
 from .bootstrap import setup_process
 from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
 from .faults import (
@@ -133,9 +134,11 @@ def make_store(database: str, unsafe: bool, defects: Iterable[Defect] = ()) -> M
     # The configured cache tier included: memcheck checks what the application will run. The
     # unlocked demo path runs without it, so what it finds is the missing lock alone. ``defects``:
     # a self-test variant (agentmemory.defects).
+    # The search workload's index is memcheck's own (semantic.memcheck_index), not the project's.
+    index = semantic.memcheck_index() if semantic.available() else None
     if unsafe:
-        return MemoryStore(using=database, cache=None, row_lock=False)
-    return MemoryStore(using=database, defects=defects)
+        return MemoryStore(using=database, cache=None, row_lock=False, index=index)
+    return MemoryStore(using=database, defects=defects, index=index)
 
 
 OWN_REDIS_ALIAS = "memcheck-redis"

@@ -68,8 +68,12 @@ class SelfTestResult:
         return all(outcome.passed for outcome in self.outcomes)
 
 
-def not_applicable(defect: Defect, *, cache: str | None, vendor: str, faults: str) -> str:
+def not_applicable(
+    defect: Defect, *, cache: str | None, vendor: str, faults: str, workloads: Sequence[str] = ()
+) -> str:
     """Why ``defect`` cannot show on this configuration ('' when it can)."""
+    if defect is Defect.STALE_VECTOR and "search" not in workloads:
+        return "the search workload does not run (numpy is not installed, or --workloads)"
     if defect in CACHE_DEFECTS and cache is None:
         return "no cache tier (AGENTMEMORY['CACHE'] is not set)"
     if defect is Defect.NOT_RETRIED:
@@ -118,7 +122,9 @@ def run_self_test(
         on_outcome(real)
     for defect in defects:
         outcome = Outcome(defect.value, DESCRIPTIONS[defect])
-        outcome.reason = not_applicable(defect, cache=cache, vendor=vendor, faults=faults)
+        outcome.reason = not_applicable(
+            defect, cache=cache, vendor=vendor, faults=faults, workloads=config.workloads
+        )
         outcome.applicable = not outcome.reason
         for attempt in range(attempts if outcome.applicable else 0):
             _record(outcome, run((defect,), config.seed + 1 + attempt))

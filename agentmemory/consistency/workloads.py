@@ -1,6 +1,6 @@
 """Concurrent workloads that record a :class:`History` while they hammer a few hot keys.
 
-Nine workloads, all on by default (``WorkloadConfig.workloads``):
+Ten workloads, all on by default (``WorkloadConfig.workloads``):
 
 - ``register``: keys ``reg-N`` -- remember, compare-and-set, forget, recall;
 - ``list``: keys ``list-N`` -- appends through ``update(fn)``; every read reveals the whole order;
@@ -14,7 +14,12 @@ Nine workloads, all on by default (``WorkloadConfig.workloads``):
   committed or rolled back (the read must see the write; a rolled-back write is never seen);
 - ``erase``: in a session of the client's own, write, read, ``erase_session``, read again;
 - ``bad-input``: calls with a bad argument (``ttl=0``, NaN, an empty key, …) on the hot keys:
-  each must raise ``InvalidMemory`` and change nothing.
+  each must raise ``InvalidMemory`` and change nothing;
+- ``search``: keys ``search-N`` hold texts, overwritten (``remember``, ``update(fn)``) and
+  forgotten while other clients search them by meaning (``search`` with a limit that takes every
+  key): each result is recorded as a read of its key with the score it got, which the checker
+  recomputes from the value returned (memcheck's own deterministic embedder, never the project's
+  model).
 
 Every value written embeds its op id, session and key, so every read maps to one write; a
 ``recall_many`` is recorded as one read per key.
@@ -44,6 +49,7 @@ from ..defects import InjectedFailure, fail_after_first_key
 from ..errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from ..store import MemoryStore
 from ..vendors import classify
+from . import semantic
 from .faults import WORKER_THREAD_PREFIX
 from .history import History, Operation
 
@@ -58,9 +64,18 @@ WORKLOADS = (
     "transactions",
     "erase",
     "bad-input",
+    "search",
 )
+#: All of them -- but ``search`` only where numpy (which scores vectors) is installed.
+DEFAULT_WORKLOADS = WORKLOADS if semantic.available() else WORKLOADS[:-1]
 #: Key families and their share of the operations.
-FAMILIES = {"register": ("reg", 5), "list": ("list", 3), "ttl": ("ttl", 2), "many": ("many", 2)}
+FAMILIES = {
+    "register": ("reg", 5),
+    "list": ("list", 3),
+    "ttl": ("ttl", 2),
+    "many": ("many", 2),
+    "search": ("search", 2),
+}
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
 #: An error a caller's own transaction may see (the store cannot retry inside it): expected.
@@ -75,7 +90,7 @@ class WorkloadConfig:
     seconds: float | None = None
     seed: int = 0
     ttl: float = 0.15  # seconds: short enough that reads land on both sides of expiry
-    workloads: tuple[str, ...] = WORKLOADS
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
 
     def __post_init__(self) -> None:
         self.workloads = tuple(self.workloads)
@@ -84,6 +99,8 @@ class WorkloadConfig:
             raise ValueError(
                 f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}"
             )
+        if "search" in self.workloads and not semantic.available():
+            raise ValueError("the search workload needs numpy: pip install 'agentmemory[search]'")
         if not set(self.workloads) & set(FAMILIES):
             raise ValueError(f"choose at least one of the workloads {', '.join(FAMILIES)}")
 
@@ -225,6 +242,16 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
         return rng.choices(kinds, weights=weights)[0]
     if family == "many":
         return "many-read" if roll < 0.25 else "prefix-read" if roll < 0.45 else "many"
+    if family == "search":
+        return (
+            "search"
+            if roll < 0.35
+            else "search-write"
+            if roll < 0.65
+            else "search-update"
+            if roll < 0.85
+            else "forget"
+        )
     if roll < 0.4:
         return "recall"
     if family == "list":
@@ -255,6 +282,10 @@ def _ops(
         return _many(store, rng, op_id, client, session_id, config)
     if kind in ("many-read", "prefix-read"):
         return _read_many(store, op_id, client, session_id, config, kind)
+    if kind == "search":
+        return _search(store, rng, op_id, client, session_id, config)
+    if kind in ("search-write", "search-update"):
+        return [_search_write(store, rng, op_id, client, session_id, key, kind)]
     if kind == "erase":
         return [_erase(store, op_id, client, run_id)]
     if kind == "bad-input":
@@ -361,7 +392,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         op.status, op.error = "info", f"{type(exc).__name__}: {exc}"
     else:
         op.status = "ok"
-        if op.kind in ("forget", "erase", "many", "many-read", "prefix-read"):
+        if op.kind in ("forget", "erase", "many", "many-read", "prefix-read", "search"):
             op.result = result  # the caller unpacks it
         elif op.kind == "bad-input":
             op.error = f"accepted: {op.value['bad']}"  # the checker reports it
@@ -460,6 +491,81 @@ def _read_many(
     return ops
 
 
+def _text(rng: random.Random) -> str:
+    return " ".join(rng.sample(semantic.WORDS, 3))
+
+
+def _search_write(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    key: str,
+    kind: str,
+) -> Operation:
+    """A text written by ``remember`` (embedded before the lock) or ``update(fn)`` (embedded
+    under it)."""
+    token = {"op": op_id, "s": session_id, "k": key, semantic.FIELD: _text(rng)}
+    op = Operation(
+        op_id,
+        client,
+        "remember" if kind == "search-write" else "update",
+        session_id,
+        key,
+        invoked_at=0.0,
+        node=store.using,
+        value=token,
+        ttl=_default_ttl(),
+    )
+    if kind == "search-write":
+        _call(op, lambda: store.remember(session_id, key, token))
+    else:
+        _call(op, lambda: store.update(session_id, key, lambda _current: token))
+    return op
+
+
+def _search(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    config: WorkloadConfig,
+) -> list[Operation]:
+    """``search`` over the ``search-`` keys with a limit that takes them all, recorded as one read
+    per key: each key returned (with its score) and each key not returned (a read that found
+    nothing: it must not have been live)."""
+    keys = config.keys_of("search")
+    query = " ".join(rng.sample(semantic.WORDS, 2))
+    probe = Operation(op_id, client, "search", session_id, "*", invoked_at=0.0, node=store.using)
+    _call(probe, lambda: store.search(session_id, query, prefix="search-", limit=len(keys) + 1))
+    found = {r.key: r for r in probe.result} if probe.status == "ok" else {}
+    ops = []
+    for key in [*keys, *sorted(set(found) - set(keys))]:
+        op = Operation(
+            f"{op_id}-{key}",
+            client,
+            "recall",
+            session_id,
+            key,
+            invoked_at=probe.invoked_at,
+            completed_at=probe.completed_at,
+            status=probe.status,
+            error=probe.error,
+            node=store.using,
+            source="database",
+            prefix="search-",
+            query=query,
+        )
+        record = found.get(key)
+        if record is not None:
+            op.version, op.result, op.score = record.version, record.value, record.score
+            op.expires_at = record.expires_at.timestamp() if record.expires_at else None
+        ops.append(op)
+    return ops
+
+
 def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operation:
     """In the client's own session: write two keys, read them (the cache fills), erase the
     session, read again: nothing may be left."""
@@ -469,13 +575,16 @@ def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operatio
 
     def call() -> int:
         for key in keys:
-            store.remember(session_id, key, {"op": op_id, "s": session_id, "k": key})
+            value = {"op": op_id, "s": session_id, "k": key, semantic.FIELD: "erased words"}
+            store.remember(session_id, key, value)
         store.recall(session_id, keys[0])
         store.recall_many(session_id, keys)
         erased = store.erase_session(session_id)
         left = sorted(store.recall_many(session_id, keys))
         if store.recall(session_id, keys[1]) is not None:
             left.append(keys[1])
+        if store.index is not None:
+            left += [found.key for found in store.search(session_id, "erased words")]
         if left:
             raise ErasedRead(f"after erase_session, reads still returned {sorted(set(left))}")
         return erased

@@ -16,7 +16,7 @@ from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
 from ...consistency.report import render_json, render_text
 from ...consistency.runner import Progress, run_memcheck
 from ...consistency.selftest import Outcome, render_self_test, run_self_test
-from ...consistency.workloads import WORKLOADS, WorkloadConfig
+from ...consistency.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
 from ...errors import MemoryUnavailable
 from ...models import Memory
 from ...store import MemoryStore
@@ -82,8 +82,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--workloads",
             type=workload_list,
-            default=WORKLOADS,
-            help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)",
+            default=DEFAULT_WORKLOADS,
+            help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all; search "
+            "where numpy is installed)",
         )
         parser.add_argument(
             "--unsafe",
