@@ -180,7 +180,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return errors
 
 
-SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT"})
+SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT", "CACHE_MB"})
 
 
 def search_errors(search: Any) -> list[Error]:
@@ -190,7 +190,7 @@ def search_errors(search: Any) -> list[Error]:
         return []
     hint = (
         'None, or {"EMBED": "myproject.embeddings.embed", "DIMS": 384, "FIELDS": ["$"], '
-        '"TIMEOUT": 30}.'
+        '"TIMEOUT": 30, "CACHE_MB": 256}.'
     )
     if not isinstance(search, dict):
         return [Error(f"AGENTMEMORY['SEARCH'] is {search!r}.", hint=hint, id="agentmemory.E019")]
@@ -203,6 +203,13 @@ def search_errors(search: Any) -> list[Error]:
             search.get("FIELDS", ["$"]),
             search.get("TIMEOUT", 30.0),
         )
+        megabytes = search.get("CACHE_MB", 256)
+        if (
+            isinstance(megabytes, bool)
+            or not isinstance(megabytes, int | float)
+            or not 0 <= megabytes < 1024 * 1024
+        ):
+            problems.append(f"CACHE_MB must be megabytes >= 0, got {megabytes!r}")
     errors = [
         Error(f"AGENTMEMORY['SEARCH']: {problem}.", hint=hint, id="agentmemory.E019")
         for problem in problems

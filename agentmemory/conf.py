@@ -52,7 +52,8 @@ DEFAULTS: dict[str, Any] = {
     # Semantic recall (MemoryStore.search): None, or {"EMBED": a callable list[str] ->
     # list[list[float]], a LangChain Embeddings or the dotted path of one, "DIMS": the vectors'
     # length, "FIELDS": JSON paths of a value to embed (default ["$"], the whole value),
-    # "TIMEOUT": seconds an embedder call may take (default 30; None: no limit)}.
+    # "TIMEOUT": seconds an embedder call may take (default 30; None: no limit), "CACHE_MB": the
+    # process's cache of vectors by name (default 256; 0: none)}.
     "SEARCH": None,
 }
 

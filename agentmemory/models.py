@@ -58,6 +58,9 @@ class Memory(models.Model):
     # The vectors of the live version's indexed texts (agentmemory.semantic): written in the
     # same statement as the value, so a search never pairs a value with another version's.
     embedding = models.BinaryField(null=True, editable=False)
+    # A random name for those vectors, new with every write that stores some: vectors never
+    # change under a name, so a process may keep them by it (semantic.VectorCache).
+    embedding_key = models.BigIntegerField(null=True, editable=False)
 
     objects = MemoryQuerySet.as_manager()
 
@@ -72,6 +75,13 @@ class Memory(models.Model):
         indexes = [
             # purge_expired scans by expiry.
             models.Index(fields=["expires_at"], name="agentmemory_expires_idx"),
+            # A search lists a session's live, indexed memories by their vectors' names from
+            # this index alone, without reading the rows. Unchanged by writes without a semantic
+            # index (their embedding_key stays NULL) unless a TTL or a forget changes the row.
+            models.Index(
+                fields=["session_id", "embedding_key", "state", "expires_at", "id"],
+                name="agentmemory_search_idx",
+            ),
         ]
 
     def __str__(self) -> str:

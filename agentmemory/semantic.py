@@ -15,16 +15,21 @@ score is its best text's cosine similarity to the query (LangGraph's max pooling
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import json
 import math
 import re
+import secrets
 import struct
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .errors import EmbeddingFailed, InvalidMemory
@@ -171,28 +176,104 @@ class Index:
 
     # ---------------------------------------------------------------- scoring
 
-    def scores(self, query: Any, blobs: Sequence[bytes]) -> Any:
-        """Each memory's score: the best cosine similarity of its vectors to ``query``. A
-        memory whose vectors have other dimensions (written under another configuration) scores
-        NaN: it is not returned."""
+    def stacked(self, vectors: Sequence[Any]) -> Any:
+        """The vectors as one (n, dims) matrix when every memory has exactly one vector of
+        these dims (the common case: one indexed text); otherwise None."""
         import numpy as np
 
-        one_row = _HEADER.pack(self.dims, 1)
-        width = _HEADER.size + 4 * self.dims
-        if all(len(b) == width and b[: _HEADER.size] == one_row for b in blobs):
-            # The common case, one text per memory: one matrix product.
-            matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), -1)
-            return (matrix[:, 1:] @ query).astype(np.float64)
-        result = np.full(len(blobs), np.nan)
-        for at, blob in enumerate(blobs):
-            rows = unpack(blob, self.dims)
-            if rows is not None:
+        shape = (1, self.dims)
+        if vectors and all(v is not None and v.shape == shape for v in vectors):
+            return np.concatenate(vectors)
+        return None
+
+    def scores(self, query: Any, vectors: Sequence[Any]) -> Any:
+        """Each memory's score: the best cosine similarity of its vectors (a matrix from
+        :func:`unpack`, or None) to ``query``. A memory without vectors, or with vectors of
+        other dimensions (written under another configuration), scores NaN: it is not returned."""
+        import numpy as np
+
+        matrix = self.stacked(vectors)
+        if matrix is not None:
+            return (matrix @ query).astype(np.float64)
+        result = np.full(len(vectors), np.nan)
+        for at, rows in enumerate(vectors):
+            if rows is not None and rows.shape[1] == self.dims:
                 result[at] = float((rows @ query).max())
         return result
 
 
 #: Before the vectors: their dimensions and how many there are (uint16 each).
 _HEADER = struct.Struct("<HH")
+
+
+def vector_key(vector: bytes | None) -> int | None:
+    """A new random name for vectors about to be stored (None for none): 63 bits, so no two
+    writes ever share one -- not even a rolled-back write and the one that reuses its row id
+    and version number."""
+    return None if vector is None else secrets.randbits(63)
+
+
+class VectorCache:
+    """Vectors by their name (``Memory.embedding_key``), least recently used out past a budget
+    of bytes. A name is written with its vectors and never reused, so an entry can never be
+    stale: a search that reads a memory's current name gets that version's vectors, from here or
+    from the database. Thread-safe; one per process."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.size = 0
+        self._entries: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._stacks: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_many(self, names: Sequence[int]) -> list[Any]:
+        """Each name's vectors, or ``MISSING``."""
+        with self._lock:
+            entries = self._entries
+            found = [entries.get(name, MISSING) for name in names]
+            for name, vectors in zip(names, found, strict=True):
+                if vectors is not MISSING:
+                    entries.move_to_end(name)
+            return found
+
+    def put(self, name: int, vectors: Any) -> None:
+        if self.budget <= 0:
+            return
+        cost = 64 + (vectors.nbytes if vectors is not None else 0)
+        with self._lock:
+            if name in self._entries:
+                return
+            self._entries[name] = vectors
+            self.size += cost
+            while self.size > self.budget and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self.size -= 64 + (old.nbytes if old is not None else 0)
+
+    def stacked(self, names: Any) -> Any:
+        """The matrix of one vector per name stacked for these names (an int64 array), if a
+        search stacked it lately: a session searched again without a write in between costs one
+        matrix product."""
+        with self._lock:
+            return self._stacks.get(names.tobytes())
+
+    def stack(self, names: Any, matrix: Any) -> None:
+        if self.budget <= 0:
+            return
+        with self._lock:
+            self._stacks[names.tobytes()] = matrix
+            while len(self._stacks) > STACKS:
+                self._stacks.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._stacks.clear()
+            self.size = 0
+
+
+MISSING: Any = object()
+#: Stacked matrices kept (sessions searched again and again): the newest few.
+STACKS = 4
 
 
 def pack(rows: Any) -> bytes:
@@ -203,18 +284,35 @@ def pack(rows: Any) -> bytes:
     return _HEADER.pack(dims, count) + np.ascontiguousarray(rows, dtype="<f4").tobytes()
 
 
-def unpack(blob: bytes, dims: int) -> Any:
-    """The stored bytes -> a (count, dims) float32 matrix; None if they hold other dimensions
-    or are not vectors."""
+def unpack(blob: Any) -> Any:
+    """The stored bytes -> a (count, dims) float32 matrix; None if they are not vectors."""
     import numpy as np
 
+    if blob is None:
+        return None
     blob = bytes(blob)
     if len(blob) < _HEADER.size:
         return None
-    stored, count = _HEADER.unpack_from(blob)
-    if stored != dims or count < 1 or len(blob) != _HEADER.size + 4 * dims * count:
+    dims, count = _HEADER.unpack_from(blob)
+    if not dims or not count or len(blob) != _HEADER.size + 4 * dims * count:
         return None
     return np.frombuffer(blob, dtype="<f4", offset=_HEADER.size).reshape(count, dims)
+
+
+@receiver(setting_changed)
+def _reset_vector_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "AGENTMEMORY":
+        vector_cache.cache_clear()
+
+
+@functools.cache
+def vector_cache() -> VectorCache:
+    """The process's :class:`VectorCache`, of ``AGENTMEMORY["SEARCH"]["CACHE_MB"]`` (default
+    256; 0: no cache, every search reads the vectors from the database)."""
+    from .conf import get_config
+
+    megabytes = (get_config()["SEARCH"] or {}).get("CACHE_MB", 256)
+    return VectorCache(int(megabytes * 1024 * 1024))
 
 
 def index_problems(embed: Any, dims: Any, fields: Any, timeout: Any) -> list[str]:

@@ -97,13 +97,13 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
     # COMMITTED, re-reads a row another writer changed meanwhile, so version + 1 is always the
     # newest + 1. Only a row that exists, whose TTL has not passed (that expiry must become a
     # version first) and, with expected_version=N > 0, that is live at version N. Parameters:
-    # value, created_at (a new life), updated_at, expires_at, embedding, session_id, key, now,
-    # N, N.
+    # value, created_at (a new life), updated_at, expires_at, embedding, embedding_key,
+    # session_id, key, now, N, N.
     def update_blind(null_param: str) -> str:
         return (
             f"UPDATE {memory} SET version = version + 1, value = {json_param}, state = 'live', "
             "created_at = CASE WHEN state = 'live' THEN created_at ELSE %s END, "
-            "updated_at = %s, expires_at = %s, embedding = %s "
+            "updated_at = %s, expires_at = %s, embedding = %s, embedding_key = %s "
             f"WHERE session_id = %s AND {quote_key} = %s "
             "AND NOT (state = 'live' AND expires_at IS NOT NULL AND expires_at <= %s) "
             f"AND ({null_param} IS NULL OR (state = 'live' AND version = %s)) "
@@ -113,7 +113,8 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
     blind_write = None
     if vendor == "postgresql":
         # Then the history version, from what the update returned, in the same statement.
-        # Parameters: the ten above, then value, created_at, expires_at, request_id, embedding. (A bare
+        # Parameters: the eleven above, then value, created_at, expires_at, request_id, embedding.
+        # (A bare
         # "%s IS NULL" has no type PostgreSQL can infer inside a CTE: typed.)
         blind_write = (
             f"WITH upd AS ({update_blind('%s::bigint')}), "
@@ -134,7 +135,8 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
         + (" FOR UPDATE" if select_for_update else ""),
         update_row=(
             f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
-            "created_at = %s, updated_at = %s, expires_at = %s, embedding = %s WHERE id = %s"
+            "created_at = %s, updated_at = %s, expires_at = %s, embedding = %s, "
+            "embedding_key = %s WHERE id = %s"
         ),
         insert_version=(
             f"INSERT INTO {version} (memory_id, version, op, value, created_at, expires_at, "

@@ -27,7 +27,16 @@ from .errors import InvalidMemory, VersionPruned
 from .models import Memory, MemoryState, MemoryVersion, Op, is_live
 from .records import MemoryRecord, MemoryVersionRecord, ScoredMemory
 from .retries import Retrier
-from .semantic import SEARCH_LIMIT_MAX, Index, check_filter, matches, parse_path
+from .semantic import (
+    MISSING,
+    SEARCH_LIMIT_MAX,
+    Index,
+    check_filter,
+    matches,
+    parse_path,
+    unpack,
+    vector_cache,
+)
 from .sql import decode_json, statements_for, to_datetime
 from .vendors import prefix_filter
 from .writes import Change, WritePath, default_ttl
@@ -587,32 +596,93 @@ class MemoryStore:
         # this call is in what the read sees.
         wanted = index.query_vector(query)
         self._local.source = "database"
-        rows = self._reading(lambda: self._indexed_rows(sessions, prefix))
-        if not rows:
-            return []
+        return self._reading(
+            lambda: self._ranked(
+                index, wanted, sessions, session_prefix, prefix, conditions, limit, offset
+            )
+        )
+
+    def _ranked(
+        self,
+        index: Index,
+        wanted: Any,
+        sessions: Q,
+        session_prefix: str | None,
+        prefix: str | None,
+        conditions: dict[str, Any],
+        limit: int,
+        offset: int,
+    ) -> list[ScoredMemory]:
+        """Two reads. The first lists the candidates -- each live, indexed memory's id and the
+        name of its vectors, from an index, without reading rows -- and ranks them by vectors
+        taken from the process's cache by name (those it lacks are read from the database).
+        The second reads the best candidates whole, a chunk at a time in rank order, with the
+        name of their vectors *in the same statement*, and scores each again by that name: a
+        memory rewritten between the two reads is returned as it is now, scored as what it is
+        now -- never a value with another version's vectors. It stops once no unread candidate
+        could rank among the results."""
         import numpy as np
 
-        scores = index.scores(wanted, [row[7] for row in rows])
-        # Best first; equal scores by session, then key (rows come sorted so).
-        order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
-        found: list[ScoredMemory] = []
-        skipped = 0
-        for at in order:
-            score = scores[at]
-            if np.isnan(score):
-                break  # vectors of another configuration: not comparable, and sorted last
-            session_id, key, raw, version, created, updated, expires, _ = rows[at]
-            if session_prefix is not None and not session_id.startswith(session_prefix):
-                continue  # the exact prefix test once more, whatever the collation
-            if prefix is not None and not key.startswith(prefix):
-                continue
-            value = decode_json(raw)
-            if conditions and not matches(value, conditions):
-                continue
-            if skipped < offset:
-                skipped += 1
-                continue
-            found.append(
+        candidates = self._indexed_rows(sessions, prefix, ("id", "embedding_key"))
+        if not candidates:
+            return []
+        cache = vector_cache()
+        names = np.fromiter((row[1] for row in candidates), dtype=np.int64, count=len(candidates))
+        matrix = cache.stacked(names)
+        if matrix is None or matrix.shape[1] != index.dims:
+            vectors, exact = self._vectors(candidates, sessions, prefix)
+            matrix = index.stacked(vectors)
+            if matrix is not None and exact:
+                cache.stack(names, matrix)
+        if matrix is not None:
+            first = (matrix @ wanted).astype(np.float64)
+        else:
+            first = index.scores(wanted, vectors)
+        order = np.argsort(-np.nan_to_num(first, nan=-np.inf), kind="stable")
+        ranked = order[~np.isnan(first[order])].tolist()
+        needed = offset + limit
+        chunk = min(max(2 * needed, 20) if not conditions else max(8 * needed, 200), 1000)
+        found: list[tuple[float, str, str, Any]] = []
+        columns = (
+            "id",
+            "embedding_key",
+            "session_id",
+            "key",
+            "value",
+            "version",
+            "created_at",
+            "updated_at",
+            "expires_at",
+        )
+        for start in range(0, len(ranked), chunk):
+            ids = [candidates[at][0] for at in ranked[start : start + chunk]]
+            by_id = {row[0]: row for row in self._indexed_rows(sessions, prefix, columns, ids=ids)}
+            rows = [by_id[i] for i in ids if i in by_id]
+            scores = index.scores(wanted, self._vectors(rows, sessions, prefix)[0]) if rows else []
+            for row, score in zip(rows, scores, strict=True):
+                _, _, session_id, key, raw, *_ = row
+                if np.isnan(score):
+                    continue  # rewritten under another configuration meanwhile
+                if session_prefix is not None and not session_id.startswith(session_prefix):
+                    continue  # the exact prefix test once more, whatever the collation
+                if prefix is not None and not key.startswith(prefix):
+                    continue
+                value = decode_json(raw)
+                if conditions and not matches(value, conditions):
+                    continue
+                found.append((float(score), session_id, key, (row, value)))
+            found.sort(key=lambda item: (-item[0], item[1], item[2]))
+            unread = start + chunk
+            # Strictly better: an unread candidate of an equal score may come first by
+            # (session, key), the order of equal scores.
+            if len(found) >= needed and (
+                unread >= len(ranked) or found[needed - 1][0] > first[ranked[unread]]
+            ):
+                break
+        results = []
+        for score, session_id, key, (row, value) in found[offset:needed]:
+            version, created, updated, expires = row[5:9]
+            results.append(
                 ScoredMemory(
                     session_id,
                     key,
@@ -621,29 +691,58 @@ class MemoryStore:
                     to_datetime(created),  # type: ignore[arg-type]
                     to_datetime(updated),  # type: ignore[arg-type]
                     to_datetime(expires),
-                    float(score),
+                    score,
                 )
             )
-            if len(found) == limit:
-                break
-        return found
+        return results
 
-    def _indexed_rows(self, sessions: Q, prefix: str | None) -> list[tuple[Any, ...]]:
-        """Each live, indexed memory's row with its vectors, in one statement (so a value and
-        its vectors are of one version), undecoded: values are decoded for the results only."""
-        rows = self._memories().live().filter(sessions, embedding__isnull=False)
+    def _vectors(
+        self, rows: list[tuple[Any, ...]], sessions: Q, prefix: str | None
+    ) -> tuple[list[Any], bool]:
+        """The vectors named by each row's ``(id, embedding_key, ...)``: from the process's
+        cache, the rest read from the database -- by id, or, when many are missing (a cold
+        cache), in one scan. A row rewritten since it was listed gets its new vectors (a search
+        concurrent with the write may rank by either; its result is scored again anyway); a row
+        gone since gets None. And whether every row got the vectors of its own name."""
+        cache = vector_cache()
+        vectors = cache.get_many([row[1] for row in rows])
+        missing = [at for at, found in enumerate(vectors) if found is MISSING]
+        if not missing:
+            return vectors, True
+        columns = ("id", "embedding_key", "embedding")
+        if len(missing) > 500:
+            read = self._indexed_rows(sessions, prefix, columns)
+        else:
+            ids = [rows[at][0] for at in missing]
+            read = self._indexed_rows(sessions, prefix, columns, ids=ids)
+        by_id = {}
+        for row_id, name, blob in read:
+            matrix = unpack(blob)
+            cache.put(name, matrix)
+            by_id[row_id] = (name, matrix)
+        exact = True
+        for at in missing:
+            name, vectors[at] = by_id.get(rows[at][0], (None, None))
+            exact = exact and name == rows[at][1]
+        return vectors, exact
+
+    def _indexed_rows(
+        self,
+        sessions: Q,
+        prefix: str | None,
+        columns: tuple[str, ...],
+        *,
+        ids: list[int] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The live, indexed memories' ``columns`` (``ids``: of these rows only), in no
+        particular order (so that the search index alone can answer), as the driver returns
+        them: values are decoded for the results only."""
+        rows = self._memories().live().filter(sessions, embedding_key__isnull=False)
         if prefix:
             rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))
-        rows = rows.order_by("session_id", "key").values_list(
-            "session_id",
-            "key",
-            "value",
-            "version",
-            "created_at",
-            "updated_at",
-            "expires_at",
-            "embedding",
-        )
+        if ids is not None:
+            rows = rows.filter(id__in=ids)
+        rows = rows.order_by().values_list(*columns)
         sql, params = rows.query.get_compiler(using=self.using).as_sql()
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql, params)

@@ -30,6 +30,7 @@ from .errors import InvalidMemory, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
+from .semantic import vector_key
 from .sql import LockedRow, encode_json, statements_for, to_datetime
 from .vendors import insert_if_missing
 
@@ -273,7 +274,8 @@ class WritePath:
         expires_at = _expires_at(change, now)
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
         expected, vector = change.expected_version, change.vector
-        params = [text, at, at, until, vector, session_id, key, at, expected, expected]
+        name = vector_key(vector)
+        params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
         postgres = connection.vendor == "postgresql"
         if postgres:
             params += [text, at, until, change.request_id, vector]
@@ -357,7 +359,17 @@ class WritePath:
         with connection.cursor() as cursor:
             cursor.execute(
                 statements.update_row,
-                [row.version, text, row.state, adapt(row.created_at), at, until, vector, row.id],
+                [
+                    row.version,
+                    text,
+                    row.state,
+                    adapt(row.created_at),
+                    at,
+                    until,
+                    vector,
+                    vector_key(vector),
+                    row.id,
+                ],
             )
             cursor.execute(
                 statements.insert_version,

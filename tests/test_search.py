@@ -16,6 +16,7 @@ from django.db import transaction
 from agentmemory import EmbeddingFailed, Index, InvalidMemory, MemoryStore, ScoredMemory
 from agentmemory.defects import Defect
 from agentmemory.models import Memory, MemoryVersion
+from agentmemory.semantic import MISSING, VectorCache, vector_cache
 from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
@@ -338,3 +339,44 @@ def test_the_async_twins(store):
 
     one, many = asyncio.run(main())
     assert [r.key for r in one] == [r.key for r in many] == ["k"]
+
+
+def test_a_rolled_back_write_never_lends_its_vectors_to_the_next_one(store):
+    """Vectors are cached by a random name written with them: a rolled-back write that a search
+    saw (and cached) shares no name with the write that later takes its row and version."""
+    store.remember("s", "k", {"text": "apples"})
+    with transaction.atomic():
+        store.remember("s", "k", {"text": "rockets"})
+        assert_scores_true("rockets", store.search("s", "rockets"), store)
+        transaction.set_rollback(True)
+    store.remember("s", "k", {"text": "bread"})
+    for query in ("rockets", "bread"):
+        assert_scores_true(query, store.search("s", query), store)
+
+
+def test_without_the_vector_cache_every_search_reads_the_vectors(settings, cache):
+    settings.AGENTMEMORY = {
+        **settings.AGENTMEMORY,
+        "SEARCH": {"EMBED": HashEmbedder(DIMS), "DIMS": DIMS, "FIELDS": FIELDS, "CACHE_MB": 0},
+    }
+    store = MemoryStore(cache=cache)
+    for n in range(30):
+        store.remember("s", f"k{n}", {"text": f"cat number {n}"})
+    store.update("s", "k3", lambda v: {"text": "dog"})
+    for query in ("cat number 7", "dog"):
+        found = store.search("s", query, limit=5)
+        assert_scores_true(query, found, store)
+    assert vector_cache().size == 0
+
+
+def test_the_vector_cache_keeps_the_most_recently_used_within_its_budget():
+    import numpy as np
+
+    one = np.zeros((1, 16), dtype=np.float32)  # 64 bytes + 64 of overhead each
+    cache = VectorCache(budget_bytes=3 * 128)
+    for name in (1, 2, 3):
+        cache.put(name, one)
+    cache.get_many([1])  # 1 is used: 2 is now the oldest
+    cache.put(4, one)
+    assert [v is MISSING for v in cache.get_many([1, 2, 3, 4])] == [False, True, False, False]
+    assert cache.size == 3 * 128
