@@ -616,8 +616,8 @@ class MemoryStore:
         """Two reads. The first lists the candidates -- each live, indexed memory's id and the
         name of its vectors, from an index, without reading rows -- and ranks them by vectors
         taken from the process's cache by name (those it lacks are read from the database).
-        The second reads the best candidates whole, a chunk at a time in rank order, with the
-        name of their vectors *in the same statement*, and scores each again by that name: a
+        The second reads the best candidates whole, a chunk at a time in rank order, with
+        their vectors *in the same statement*, and scores each again by them: a
         memory rewritten between the two reads is returned as it is now, scored as what it is
         now -- never a value with another version's vectors. It stops once no unread candidate
         could rank among the results."""
@@ -653,12 +653,14 @@ class MemoryStore:
             "created_at",
             "updated_at",
             "expires_at",
+            "embedding",
         )
         for start in range(0, len(ranked), chunk):
             ids = [candidates[at][0] for at in ranked[start : start + chunk]]
             by_id = {row[0]: row for row in self._indexed_rows(sessions, prefix, columns, ids=ids)}
             rows = [by_id[i] for i in ids if i in by_id]
-            scores = index.scores(wanted, self._vectors(rows, sessions, prefix)[0]) if rows else []
+            # The vectors read in the same statement as the value (a few rows: no cache).
+            scores = index.scores(wanted, [unpack(row[9]) for row in rows]) if rows else []
             for row, score in zip(rows, scores, strict=True):
                 _, _, session_id, key, raw, *_ = row
                 if np.isnan(score):
