@@ -541,8 +541,8 @@ class MemoryStore:
         offset: int = 0,
     ) -> list[ScoredMemory]:
         """The session's live memories ranked by meaning: the ``limit`` best matches for
-        ``query`` (after ``offset``), best first, each with its ``score`` (cosine similarity,
-        -1 to 1). ``prefix`` keeps the keys that start with it; ``filter`` the values that meet
+        ``query`` (after ``offset``), best first (equal scores: the memory created first, first),
+        each with its ``score`` (cosine similarity, -1 to 1). ``prefix`` keeps the keys that start with it; ``filter`` the values that meet
         ``{"field": value}`` or ``{"field": {"$gt": 3}}`` conditions. Only memories written with
         the index are found.
 
@@ -638,7 +638,9 @@ class MemoryStore:
             first = (matrix @ wanted).astype(np.float64)
         else:
             first = index.scores(wanted, vectors)
-        order = np.argsort(-np.nan_to_num(first, nan=-np.inf), kind="stable")
+        # Best first; equal scores in the order the memories were created (by id).
+        ids = np.fromiter((row[0] for row in candidates), dtype=np.int64, count=len(candidates))
+        order = np.lexsort((ids, -np.nan_to_num(first, nan=-np.inf)))
         ranked = order[~np.isnan(first[order])].tolist()
         needed = offset + limit
         chunk = min(max(2 * needed, 20) if not conditions else max(8 * needed, 200), 1000)
@@ -672,17 +674,19 @@ class MemoryStore:
                 value = decode_json(raw)
                 if conditions and not matches(value, conditions):
                     continue
-                found.append((float(score), session_id, key, (row, value)))
-            found.sort(key=lambda item: (-item[0], item[1], item[2]))
+                found.append((float(score), row[0], session_id, key, (row, value)))
+            found.sort(key=lambda item: (-item[0], item[1]))
             unread = start + chunk
-            # Strictly better: an unread candidate of an equal score may come first by
-            # (session, key), the order of equal scores.
+            # Done when the next unread candidate ranks after the last result needed (it does
+            # unless a result was rewritten meanwhile and scores lower now).
             if len(found) >= needed and (
-                unread >= len(ranked) or found[needed - 1][0] > first[ranked[unread]]
+                unread >= len(ranked)
+                or (-found[needed - 1][0], found[needed - 1][1])
+                < (-first[ranked[unread]], candidates[ranked[unread]][0])
             ):
                 break
         results = []
-        for score, session_id, key, (row, value) in found[offset:needed]:
+        for score, _, session_id, key, (row, value) in found[offset:needed]:
             version, created, updated, expires = row[5:9]
             results.append(
                 ScoredMemory(
