@@ -24,17 +24,20 @@ demo:
 	@.venv/bin/python manage.py demo
 	@.venv/bin/python manage.py runserver
 
-# Benchmarks against the raw drivers and LangGraph's stores: docs/benchmarks.{json,md,png}.
+# Benchmarks against the raw drivers and LangGraph's stores: docs/benchmarks.{json,md,png}, and
+# semantic search against LangGraph's: docs/search-benchmarks-sqlite.{json,png}.
 bench:
 	@bash scripts/bootstrap.sh
 	@bash scripts/services.sh
 	@.venv/bin/python bench/run.py
+	@.venv/bin/python bench/search.py --write
 
 # The same in under a minute, into out/ (CI runs it; it asserts no speed).
 bench-quick:
 	@bash scripts/bootstrap.sh
 	@bash scripts/services.sh
 	@.venv/bin/python bench/run.py --quick
+	@.venv/bin/python bench/search.py --sizes 1000 --queries 5
 
 lint:
 	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .

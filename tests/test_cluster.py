@@ -154,6 +154,43 @@ def test_a_write_acknowledged_on_one_node_is_read_on_every_other():
     assert (served.version, served.value) == (acknowledged.version, "v2")
 
 
+def searchers():
+    from agentmemory import Index
+    from agentmemory.testing.embeddings import HashEmbedder
+
+    index = Index(embed=HashEmbedder(32), dims=32, fields=["text"])
+    return (
+        MemoryStore(using="default", cache=None, index=index),
+        MemoryStore(using="node2", cache=None, index=index),
+    )
+
+
+def test_a_write_acknowledged_on_one_node_is_found_by_search_on_every_other():
+    writer, reader = searchers()
+    writer.remember("s", "k", {"text": "apples"})
+    assert [r.version for r in reader.search("s", "apples")] == [1]
+    with HeldApplier("node2") as held:
+        acknowledged = writer.remember("s", "k", {"text": "rockets"})
+        releaser = threading.Thread(target=held.release_once_a_read_waits)
+        releaser.start()
+        found = reader.search("s", "rockets")  # begins after the acknowledgement: waits for it
+        releaser.join()
+    assert [(r.version, r.value["text"], round(r.score, 5)) for r in found] == [
+        (acknowledged.version, "rockets", 1.0)
+    ]
+
+
+def test_without_causal_reads_search_on_a_node_misses_an_acknowledged_write(settings):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CAUSAL_READS": False}
+    writer, reader = searchers()
+    writer.remember("s", "k", {"text": "apples"})
+    caught_up("node2")
+    with HeldApplier("node2"):
+        writer.remember("s", "k", {"text": "rockets"})
+        found = reader.search("s", "rockets")
+    assert [(r.version, r.value["text"]) for r in found] == [(1, "apples")]
+
+
 def test_without_causal_reads_a_node_serves_an_older_version(settings):
     """The seam ``CAUSAL_READS=False`` shows what the causal reads prevent (and E013 forbids)."""
     settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CAUSAL_READS": False}
