@@ -39,8 +39,8 @@ PAIRS = [
 DEFAULT = ("3.11", "5.2")
 PYTHONS = sorted({python for python, _ in PAIRS})
 #: The suite's own tools, beside agentmemory[redis,testing,search]: settings from a URL, the
-#: browser test, the LangGraph adapter's tests, and both server drivers (the SQLite suite still classifies their
-#: exceptions: which MariaDB, TiDB and PostgreSQL errors are retried).
+#: browser test, the LangGraph adapter's tests, and both server drivers (the SQLite suite still
+#: classifies their exceptions: which MariaDB, TiDB and PostgreSQL errors are retried).
 SUITE_TOOLS = [
     "dj-database-url>=2.1",
     "selenium>=4.20",
