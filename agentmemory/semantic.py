@@ -215,13 +215,14 @@ def vector_key(vector: bytes | None) -> int | None:
 
 class VectorCache:
     """Vectors by their name (``Memory.embedding_key``), least recently used out past a budget
-    of bytes. A name is written with its vectors and never reused, so an entry can never be
+    of bytes (and, within another half of it, the last few stacked matrices). A name is written with its vectors and never reused, so an entry can never be
     stale: a search that reads a memory's current name gets that version's vectors, from here or
     from the database. Thread-safe; one per process."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes
-        self.size = 0
+        self.size = 0  # of the vectors kept by name
+        self.stack_size = 0  # of the stacked matrices
         self._entries: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._stacks: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -257,18 +258,22 @@ class VectorCache:
             return self._stacks.get(names.tobytes())
 
     def stack(self, names: Any, matrix: Any) -> None:
-        if self.budget <= 0:
+        """Keep ``matrix`` for these names: at most STACKS of them, in at most half the budget
+        (a matrix bigger than that is not kept)."""
+        if matrix.nbytes > self.budget // 2:
             return
         with self._lock:
             self._stacks[names.tobytes()] = matrix
-            while len(self._stacks) > STACKS:
-                self._stacks.popitem(last=False)
+            self.stack_size += matrix.nbytes
+            while len(self._stacks) > STACKS or self.stack_size > self.budget // 2:
+                _, old = self._stacks.popitem(last=False)
+                self.stack_size -= old.nbytes
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self._stacks.clear()
-            self.size = 0
+            self.size = self.stack_size = 0
 
 
 MISSING: Any = object()
