@@ -229,7 +229,8 @@ class MemoryAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # The database the store writes to (AGENTMEMORY["DATABASE"]), not the default one.
-        queryset = super().get_queryset(request).using(admin_store().using)
+        # The vectors are never shown: never read.
+        queryset = super().get_queryset(request).using(admin_store().using).defer("embedding")
         if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
             queryset = queryset.defer("value").annotate(
                 value_preview=Left(Cast("value", TextField()), PREVIEW_CHARS + 1)
