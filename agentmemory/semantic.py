@@ -224,7 +224,7 @@ class VectorCache:
         self.size = 0  # of the vectors kept by name
         self.stack_size = 0  # of the stacked matrices
         self._entries: collections.OrderedDict[int, Any] = collections.OrderedDict()
-        self._stacks: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
+        self._stacks: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def get_many(self, names: Sequence[int]) -> list[Any]:
@@ -250,24 +250,26 @@ class VectorCache:
                 _, old = self._entries.popitem(last=False)
                 self.size -= 64 + (old.nbytes if old is not None else 0)
 
-    def stacked(self, names: Any) -> Any:
-        """The matrix of one vector per name stacked for these names (an int64 array), if a
-        search stacked it lately: a session searched again without a write in between costs one
-        matrix product."""
+    def stacked(self, scope: str) -> tuple[Any, Any, Any] | None:
+        """The matrix a search of ``scope`` (a database and a session filter) stacked lately,
+        with the ids and names of its rows: ``(ids, names, matrix)``."""
         with self._lock:
-            return self._stacks.get(names.tobytes())
+            return self._stacks.get(scope)
 
-    def stack(self, names: Any, matrix: Any) -> None:
-        """Keep ``matrix`` for these names: at most STACKS of them, in at most half the budget
-        (a matrix bigger than that is not kept)."""
+    def stack(self, scope: str, ids: Any, names: Any, matrix: Any) -> None:
+        """Keep ``matrix`` for ``scope``: at most STACKS of them, in at most half the budget (a
+        matrix bigger than that is not kept)."""
         if matrix.nbytes > self.budget // 2:
             return
         with self._lock:
-            self._stacks[names.tobytes()] = matrix
+            old = self._stacks.pop(scope, None)
+            if old is not None:
+                self.stack_size -= old[2].nbytes
+            self._stacks[scope] = (ids, names, matrix)
             self.stack_size += matrix.nbytes
             while len(self._stacks) > STACKS or self.stack_size > self.budget // 2:
-                _, old = self._stacks.popitem(last=False)
-                self.stack_size -= old.nbytes
+                _, dropped = self._stacks.popitem(last=False)
+                self.stack_size -= dropped[2].nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -277,7 +279,7 @@ class VectorCache:
 
 
 MISSING: Any = object()
-#: Stacked matrices kept (sessions searched again and again): the newest few.
+#: Stacked matrices kept (session filters searched again and again): the newest few.
 STACKS = 4
 
 

@@ -623,23 +623,11 @@ class MemoryStore:
         could rank among the results."""
         import numpy as np
 
-        candidates = self._indexed_rows(sessions, prefix, ("id", "embedding_key"))
-        if not candidates:
+        listed = self._first_scores(index, wanted, sessions, prefix)
+        if listed is None:
             return []
-        cache = vector_cache()
-        names = np.fromiter((row[1] for row in candidates), dtype=np.int64, count=len(candidates))
-        matrix = cache.stacked(names)
-        if matrix is None or matrix.shape[1] != index.dims:
-            vectors, exact = self._vectors(candidates, sessions, prefix)
-            matrix = index.stacked(vectors)
-            if matrix is not None and exact:
-                cache.stack(names, matrix)
-        if matrix is not None:
-            first = (matrix @ wanted).astype(np.float64)
-        else:
-            first = index.scores(wanted, vectors)
+        ids, first = listed
         # Best first; equal scores in the order the memories were created (by id).
-        ids = np.fromiter((row[0] for row in candidates), dtype=np.int64, count=len(candidates))
         order = np.lexsort((ids, -np.nan_to_num(first, nan=-np.inf)))
         ranked = order[~np.isnan(first[order])].tolist()
         needed = offset + limit
@@ -658,9 +646,11 @@ class MemoryStore:
             "embedding",
         )
         for start in range(0, len(ranked), chunk):
-            ids = [candidates[at][0] for at in ranked[start : start + chunk]]
-            by_id = {row[0]: row for row in self._indexed_rows(sessions, prefix, columns, ids=ids)}
-            rows = [by_id[i] for i in ids if i in by_id]
+            chosen = [int(ids[at]) for at in ranked[start : start + chunk]]
+            by_id = {
+                row[0]: row for row in self._indexed_rows(sessions, prefix, columns, ids=chosen)
+            }
+            rows = [by_id[i] for i in chosen if i in by_id]
             # The vectors read in the same statement as the value (a few rows: no cache).
             scores = index.scores(wanted, [unpack(row[9]) for row in rows]) if rows else []
             for row, score in zip(rows, scores, strict=True):
@@ -682,7 +672,7 @@ class MemoryStore:
             if len(found) >= needed and (
                 unread >= len(ranked)
                 or (-found[needed - 1][0], found[needed - 1][1])
-                < (-first[ranked[unread]], candidates[ranked[unread]][0])
+                < (-first[ranked[unread]], ids[ranked[unread]])
             ):
                 break
         results = []
@@ -702,6 +692,53 @@ class MemoryStore:
             )
         return results
 
+    def _first_scores(
+        self, index: Index, wanted: Any, sessions: Q, prefix: str | None
+    ) -> tuple[Any, Any] | None:
+        """Read 1: the candidates' ids (ascending) and their scores, or None if there is none.
+
+        The vectors come as one matrix. The process keeps the last few (per session filter) with
+        the names they were built from: a session searched again reuses its matrix, and after a
+        few writes only the rows whose name changed are taken from the cache (or read)."""
+        import numpy as np
+
+        listed = self._indexed_rows(sessions, prefix, ("id", "embedding_key"))
+        if not listed:
+            return None
+        pairs = np.array(listed, dtype=np.int64)
+        pairs = pairs[np.argsort(pairs[:, 0])]
+        ids, names = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+        cache = vector_cache()
+        scope = f"{self.using}|{sessions}|{prefix}"
+        kept = cache.stacked(scope)
+        todo = np.arange(len(ids))
+        matrix = None
+        if kept is not None and kept[2].shape[1] == index.dims:
+            old_ids, old_names, old_matrix = kept
+            at = np.minimum(np.searchsorted(old_ids, ids), len(old_ids) - 1)
+            same = (old_ids[at] == ids) & (old_names[at] == names)
+            if same.all() and len(ids) == len(old_ids):
+                return ids, (old_matrix @ wanted).astype(np.float64)
+            matrix = np.empty((len(ids), index.dims), dtype=np.float32)
+            matrix[same] = old_matrix[at[same]]
+            todo = np.nonzero(~same)[0]
+        exact = True
+        if len(todo):
+            rows = [(int(ids[i]), int(names[i])) for i in todo]
+            vectors, exact = self._vectors(rows, sessions, prefix)
+            fresh = index.stacked(vectors)
+            if fresh is None:
+                # Several texts per memory, or vectors of other dims, among them: each alone.
+                pairs_ = list(zip(ids.tolist(), names.tolist(), strict=True))
+                return ids, index.scores(wanted, self._vectors(pairs_, sessions, prefix)[0])
+            if matrix is None:
+                matrix = fresh
+            else:
+                matrix[todo] = fresh
+        if exact:
+            cache.stack(scope, ids, names, matrix)
+        return ids, (matrix @ wanted).astype(np.float64)
+
     def _vectors(
         self, rows: list[tuple[Any, ...]], sessions: Q, prefix: str | None
     ) -> tuple[list[Any], bool]:
@@ -720,7 +757,7 @@ class MemoryStore:
             read = self._indexed_rows(sessions, prefix, columns)
         else:
             ids = [rows[at][0] for at in missing]
-            read = self._indexed_rows(sessions, prefix, columns, ids=ids)
+            read = self._indexed_rows(sessions, prefix, columns, ids=chosen)
         by_id = {}
         for row_id, name, blob in read:
             matrix = unpack(blob)

@@ -30,7 +30,7 @@ from .errors import InvalidMemory, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
-from .semantic import vector_key
+from .semantic import unpack, vector_cache, vector_key
 from .sql import LockedRow, encode_json, statements_for, to_datetime
 from .vendors import insert_if_missing
 
@@ -274,7 +274,7 @@ class WritePath:
         expires_at = _expires_at(change, now)
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
         expected, vector = change.expected_version, change.vector
-        name = vector_key(vector)
+        name = named(vector)
         params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
         postgres = connection.vendor == "postgresql"
         if postgres:
@@ -356,6 +356,7 @@ class WritePath:
         connection = connections[self.using]
         statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
+        name = named(vector)
         with connection.cursor() as cursor:
             cursor.execute(
                 statements.update_row,
@@ -367,7 +368,7 @@ class WritePath:
                     at,
                     until,
                     vector,
-                    vector_key(vector),
+                    name,
                     row.id,
                 ],
             )
@@ -449,6 +450,16 @@ class WritePath:
 
 
 _LOCKED: Any = object()
+
+
+def named(vector: bytes | None) -> int | None:
+    """A new name for vectors about to be written, and the vectors into this process's cache
+    under it (a search here will not read them back; a name is never reused, so even a write
+    that rolls back leaves nothing wrong there)."""
+    name = vector_key(vector)
+    if name is not None:
+        vector_cache().put(name, unpack(vector))
+    return name
 
 
 def default_ttl() -> timedelta | None:

@@ -381,8 +381,8 @@ def test_the_vector_cache_keeps_the_most_recently_used_within_its_budget():
     assert [v is MISSING for v in cache.get_many([1, 2, 3, 4])] == [False, True, False, False]
     assert cache.size == 3 * 128
     names = np.array([1, 3, 4], dtype=np.int64)
-    cache.stack(names, np.zeros((3, 16), dtype=np.float32))  # 192 bytes: within half the budget
-    assert cache.stacked(names) is not None
+    cache.stack("a", names, names, np.zeros((3, 16), dtype=np.float32))  # 192 bytes: kept
+    assert cache.stacked("a") is not None
     big = np.array([1, 2, 3, 4], dtype=np.int64)
-    cache.stack(big, np.zeros((4, 16), dtype=np.float32))  # 256 bytes: more than half, not kept
-    assert cache.stacked(big) is None and cache.stacked(names) is not None
+    cache.stack("b", big, big, np.zeros((4, 16), dtype=np.float32))  # 256 bytes: over half
+    assert cache.stacked("b") is None and cache.stacked("a") is not None
