@@ -757,7 +757,7 @@ class MemoryStore:
             read = self._indexed_rows(sessions, prefix, columns)
         else:
             ids = [rows[at][0] for at in missing]
-            read = self._indexed_rows(sessions, prefix, columns, ids=chosen)
+            read = self._indexed_rows(sessions, prefix, columns, ids=ids)
         by_id = {}
         for row_id, name, blob in read:
             matrix = unpack(blob)

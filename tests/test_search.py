@@ -386,3 +386,23 @@ def test_the_vector_cache_keeps_the_most_recently_used_within_its_budget():
     big = np.array([1, 2, 3, 4], dtype=np.int64)
     cache.stack("b", big, big, np.zeros((4, 16), dtype=np.float32))  # 256 bytes: over half
     assert cache.stacked("b") is None and cache.stacked("a") is not None
+
+
+def test_the_kept_matrix_ranks_as_a_cold_cache_after_writes_adds_and_forgets(store):
+    """The session's matrix is kept between searches and patched row by row after writes: the
+    ranking must be the one a process that never searched before gives."""
+    words = ["cat", "dog", "bird", "fish", "horse", "tree", "river"]
+    for n in range(40):
+        store.remember("s", f"k{n:02d}", {"text": f"{words[n % 7]} {words[(n * 3) % 7]} {n}"})
+    ranking = lambda query: [
+        (r.key, r.version, round(r.score, 6)) for r in store.search("s", query, limit=15)
+    ]
+    ranking("cat dog")
+    store.remember("s", "k03", {"text": "cat dog cat"})
+    store.update("s", "k07", lambda v: {"text": "dog bird"})
+    store.forget("s", "k11")
+    store.remember("s", "new", {"text": "cat cat dog"})
+    for query in ("cat dog", "bird", "river tree"):
+        warm = ranking(query)
+        vector_cache().clear()
+        assert warm == ranking(query), query
