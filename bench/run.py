@@ -577,6 +577,9 @@ def markdown(report: dict[str, Any]) -> str:
     scale = ROOT / "docs" / "history-scale.md"  # bench/history_scale.py --write
     if scale.exists():
         lines += ["", "## Costs as history grows", "", scale.read_text()]
+    search = ROOT / "docs" / "search-benchmarks.md"  # bench/search.py --write
+    if search.exists():
+        lines += ["", "## Semantic search at scale", "", search.read_text()]
     return "\n".join(lines)
 
 

@@ -245,7 +245,20 @@ def main() -> None:
             json.dumps({"vendor": vendor, "dims": args.dims, "results": results}, indent=2) + "\n"
         )
         plot(results, stem.with_suffix(".png"), vendor)
-        progress(f"wrote {stem}.json and .png")
+        (ROOT / "docs" / "search-benchmarks.md").write_text(
+            f"`bench/search.py`: one session (one LangGraph namespace) of N memories, each "
+            f'`{{"text": 8 words of 500}}` embedded by the deterministic `HashEmbedder` '
+            f"({args.dims} dimensions; the same embedder, data and queries for every store); "
+            f"the median of {args.queries} searches (`limit=10`) after one warm-up; ratios > 1: "
+            'agentmemory faster. "A write before each": one memory rewritten before every '
+            "timed search (the session's kept matrix is patched). Load: each store's bulk path "
+            f"(`remember_many` of {CHUNK}; LangGraph's `batch` of {CHUNK} puts). "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {vendor}, this machine "
+            "(2 cores).\n\n"
+            + table(results, vendor)
+            + f"\n\n![search](search-benchmarks-{vendor}.png)\n"
+        )
+        progress(f"wrote {stem}.json and .png, docs/search-benchmarks.md")
 
 
 if __name__ == "__main__":
