@@ -406,3 +406,11 @@ def test_the_kept_matrix_ranks_as_a_cold_cache_after_writes_adds_and_forgets(sto
         warm = ranking(query)
         vector_cache().clear()
         assert warm == ranking(query), query
+
+
+def test_a_write_through_a_store_without_an_index_unindexes_never_leaves_old_vectors(store):
+    store.remember("s", "k", {"text": "cat"})
+    MemoryStore(cache=None, index=None).remember("s", "k", {"text": "dog"})
+    assert store.search("s", "cat") == [] and store.search("s", "dog") == []
+    store.remember("s", "k", {"text": "dog"})
+    assert [r.version for r in store.search("s", "dog")] == [3]
