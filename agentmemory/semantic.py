@@ -223,12 +223,16 @@ class VectorCache:
         self.budget = budget_bytes
         self.size = 0  # of the vectors kept by name
         self.stack_size = 0  # of the stacked matrices
+        # Whether this process searches: only then do its writes keep their vectors here (a
+        # process that only writes -- an importer, a worker -- keeps nothing).
+        self.searched = False
         self._entries: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._stacks: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def get_many(self, names: Sequence[int]) -> list[Any]:
         """Each name's vectors, or ``MISSING``."""
+        self.searched = True
         with self._lock:
             entries = self._entries
             found = [entries.get(name, MISSING) for name in names]

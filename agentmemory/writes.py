@@ -453,12 +453,13 @@ _LOCKED: Any = object()
 
 
 def named(vector: bytes | None) -> int | None:
-    """A new name for vectors about to be written, and the vectors into this process's cache
-    under it (a search here will not read them back; a name is never reused, so even a write
-    that rolls back leaves nothing wrong there)."""
+    """A new name for vectors about to be written, and, in a process that searches, the vectors
+    into its cache under it (a search here will not read them back; a name is never reused, so
+    even a write that rolls back leaves nothing wrong there)."""
     name = vector_key(vector)
-    if name is not None:
-        vector_cache().put(name, unpack(vector))
+    cache = vector_cache()
+    if name is not None and cache.searched:
+        cache.put(name, unpack(vector))
     return name
 
 

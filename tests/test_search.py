@@ -414,3 +414,14 @@ def test_a_write_through_a_store_without_an_index_unindexes_never_leaves_old_vec
     assert store.search("s", "cat") == [] and store.search("s", "dog") == []
     store.remember("s", "k", {"text": "dog"})
     assert [r.version for r in store.search("s", "dog")] == [3]
+
+
+def test_a_process_that_only_writes_keeps_no_vectors(store):
+    cache = vector_cache()
+    cache.clear()
+    cache.searched = False
+    store.remember("s", "k", {"text": "cat"})
+    assert cache.size == 0
+    store.search("s", "cat")
+    store.remember("s", "k", {"text": "dog"})
+    assert cache.size > 0
