@@ -1,13 +1,21 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection
+from hypothesis import settings as hypothesis_settings
 
 from agentmemory import MemoryStore, clock
 from agentmemory.testing import concurrently
+
+# Deterministic property tests: the same examples on every run (CI must not pass or fail by the
+# luck of a random seed). HYPOTHESIS_PROFILE=explore searches anew each run, to look for bugs.
+hypothesis_settings.register_profile("deterministic", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture(params=["db", "redis"])

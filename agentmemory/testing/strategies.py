@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..validation import KEY_MAX, SESSION_ID_MAX
+from ..validation import BIDI_CONTROLS, KEY_MAX, SESSION_ID_MAX
 
 __all__ = [
     "invalid_keys",
@@ -25,8 +25,11 @@ __all__ = [
     "session_ids",
 ]
 
-# Everything but control characters (Cc) and lone surrogates (Cs), which no database stores.
-_NAME_CHARS = st.characters(exclude_categories=("Cc", "Cs"))
+# Everything but control characters (Cc), lone surrogates (Cs), which no database stores, and
+# the bidirectional-text controls the store refuses in ids (they make one id display as another).
+_NAME_CHARS = st.characters(
+    exclude_categories=("Cc", "Cs"), exclude_characters="".join(sorted(BIDI_CONTROLS))
+)
 _TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40)
 # JSON numbers every backend returns unchanged: 53-bit integers, and finite floats below 1e15.
 # PostgreSQL's jsonb keeps numbers as decimals: a float Python writes with an exponent, such as
@@ -36,13 +39,15 @@ _FLOATS = st.floats(min_value=-1e15, max_value=1e15, allow_nan=False, width=64)
 
 
 def session_ids(max_size: int = 32) -> st.SearchStrategy[str]:
-    """Valid session ids: 1..max_size (<= 128) characters, any but control characters --
-    including look-alikes such as ``%``, ``_``, trailing spaces and other cases."""
+    """Valid session ids: 1..max_size (<= 128) characters, any but control characters and
+    bidirectional-text controls -- including look-alikes such as ``%``, ``_``, trailing spaces
+    and other cases."""
     return st.text(_NAME_CHARS, min_size=1, max_size=min(max_size, SESSION_ID_MAX))
 
 
 def keys(max_size: int = 32) -> st.SearchStrategy[str]:
-    """Valid keys: 1..max_size (<= 255) characters, any but control characters."""
+    """Valid keys: 1..max_size (<= 255) characters, any but control characters and
+    bidirectional-text controls."""
     return st.text(_NAME_CHARS, min_size=1, max_size=min(max_size, KEY_MAX))
 
 
@@ -65,7 +70,7 @@ def _invalid_names(limit: int) -> st.SearchStrategy[Any]:
         st.builds(
             lambda head, bad, tail: head + bad + tail,
             st.text(_NAME_CHARS, max_size=5),
-            st.characters(categories=("Cc",)),
+            st.characters(categories=("Cc",)) | st.sampled_from(sorted(BIDI_CONTROLS)),
             st.text(_NAME_CHARS, max_size=5),
         ),
         st.none(),
@@ -76,7 +81,7 @@ def _invalid_names(limit: int) -> st.SearchStrategy[Any]:
 
 def invalid_session_ids() -> st.SearchStrategy[Any]:
     """Session ids the store rejects with ``InvalidMemory`` (empty, too long, control characters,
-    not a str)."""
+    bidirectional-text controls, not a str)."""
     return _invalid_names(SESSION_ID_MAX)
 
 
