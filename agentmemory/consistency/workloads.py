@@ -466,27 +466,45 @@ def _read_many(
         return store.recall_many(session_id, keys)
 
     _call(probe, call)
-    found = probe.result if probe.status == "ok" else None
+    found = probe.result if probe.status == "ok" else {}
+    return _per_key(probe, store, asked, found, prefix=prefix, source=store.last_read_source)
+
+
+def _per_key(
+    probe: Operation,
+    store: MemoryStore,
+    asked: list[str],
+    found: dict[str, Any],
+    *,
+    prefix: str | None,
+    source: str | None,
+    query: str | None = None,
+) -> list[Operation]:
+    """A multi-key read recorded as one read per key: each key asked for (absent from
+    ``found``: a read that returned nothing), then each key returned that was not asked for.
+    A search's reads carry its query and each result's score."""
     ops = []
-    for key in [*asked, *sorted(set(found or ()) - set(asked))]:
+    for key in [*asked, *sorted(set(found) - set(asked))]:
         op = Operation(
-            f"{op_id}-{key}",
-            client,
+            f"{probe.id}-{key}",
+            probe.client,
             "recall",
-            session_id,
+            probe.session_id,
             key,
             invoked_at=probe.invoked_at,
             completed_at=probe.completed_at,
             status=probe.status,
             error=probe.error,
             node=store.using,
-            source=store.last_read_source,
+            source=source,
             prefix=prefix,
+            query=query,
         )
-        record = (found or {}).get(key)
+        record = found.get(key)
         if record is not None:
             op.version, op.result = record.version, record.value
             op.expires_at = record.expires_at.timestamp() if record.expires_at else None
+            op.score = getattr(record, "score", None)
         ops.append(op)
     return ops
 
@@ -541,29 +559,7 @@ def _search(
     probe = Operation(op_id, client, "search", session_id, "*", invoked_at=0.0, node=store.using)
     _call(probe, lambda: store.search(session_id, query, prefix="search-", limit=len(keys) + 1))
     found = {r.key: r for r in probe.result} if probe.status == "ok" else {}
-    ops = []
-    for key in [*keys, *sorted(set(found) - set(keys))]:
-        op = Operation(
-            f"{op_id}-{key}",
-            client,
-            "recall",
-            session_id,
-            key,
-            invoked_at=probe.invoked_at,
-            completed_at=probe.completed_at,
-            status=probe.status,
-            error=probe.error,
-            node=store.using,
-            source="database",
-            prefix="search-",
-            query=query,
-        )
-        record = found.get(key)
-        if record is not None:
-            op.version, op.result, op.score = record.version, record.value, record.score
-            op.expires_at = record.expires_at.timestamp() if record.expires_at else None
-        ops.append(op)
-    return ops
+    return _per_key(probe, store, keys, found, prefix="search-", source="database", query=query)
 
 
 def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operation:
