@@ -206,11 +206,10 @@ class Index:
 _HEADER = struct.Struct("<HH")
 
 
-def vector_key(vector: bytes | None) -> int | None:
-    """A new random name for vectors about to be stored (None for none): 63 bits, so no two
-    writes ever share one -- not even a rolled-back write and the one that reuses its row id
-    and version number."""
-    return None if vector is None else secrets.randbits(63)
+def vector_key() -> int:
+    """A new random name for vectors about to be stored: 63 bits, so no two writes ever share
+    one -- not even a rolled-back write and the one that reuses its row id and version number."""
+    return secrets.randbits(63)
 
 
 class VectorCache:

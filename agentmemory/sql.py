@@ -114,8 +114,7 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
     if vendor == "postgresql":
         # Then the history version, from what the update returned, in the same statement.
         # Parameters: the eleven above, then value, created_at, expires_at, request_id, embedding.
-        # (A bare
-        # "%s IS NULL" has no type PostgreSQL can infer inside a CTE: typed.)
+        # (A bare "%s IS NULL" has no type PostgreSQL can infer inside a CTE: typed.)
         blind_write = (
             f"WITH upd AS ({update_blind('%s::bigint')}), "
             f"ins AS (INSERT INTO {version} (memory_id, version, op, value, created_at, "

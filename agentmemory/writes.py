@@ -456,9 +456,11 @@ def named(vector: bytes | None) -> int | None:
     """A new name for vectors about to be written, and, in a process that searches, the vectors
     into its cache under it (a search here will not read them back; a name is never reused, so
     even a write that rolls back leaves nothing wrong there)."""
-    name = vector_key(vector)
+    if vector is None:  # every write without a semantic index: nothing to name or keep
+        return None
+    name = vector_key()
     cache = vector_cache()
-    if name is not None and cache.searched:
+    if cache.searched:
         cache.put(name, unpack(vector))
     return name
 
