@@ -156,7 +156,7 @@ class MemoryStore:
             expected_version=expected,
             blind=True,
             **request,
-            **self._indexing(fields, [value]),
+            **self._indexing(fields, [value])[0],
         )
         return self._writes.write(session_id, {key: change})[key]
 
@@ -205,7 +205,7 @@ class MemoryStore:
         ttl = self._check_ttl(ttl)
         fields = self._check_index(index)
         checked = {validation.check_key(key): self._check_value(v) for key, v in items.items()}
-        vectors = self._indexing_many(fields, list(checked.values()))
+        vectors = self._indexing(fields, list(checked.values()))
         changes = {
             key: Change(
                 Op.WRITE, compute=lambda _current, v=value: v, ttl=ttl, blind=True, **indexing
@@ -542,9 +542,9 @@ class MemoryStore:
     ) -> list[ScoredMemory]:
         """The session's live memories ranked by meaning: the ``limit`` best matches for
         ``query`` (after ``offset``), best first (equal scores: the memory created first, first),
-        each with its ``score`` (cosine similarity, -1 to 1). ``prefix`` keeps the keys that start with it; ``filter`` the values that meet
-        ``{"field": value}`` or ``{"field": {"$gt": 3}}`` conditions. Only memories written with
-        the index are found.
+        each with its ``score`` (cosine similarity, -1 to 1). ``prefix`` keeps the keys that
+        start with it; ``filter`` the values that meet ``{"field": value}`` or
+        ``{"field": {"$gt": 3}}`` conditions. Only memories written with the index are found.
 
         As consistent as :meth:`recall`: each score is computed from the vectors of the very
         version returned; forgotten, expired and erased memories are never returned; a write
@@ -632,7 +632,8 @@ class MemoryStore:
         ranked = order[~np.isnan(first[order])].tolist()
         needed = offset + limit
         chunk = min(max(2 * needed, 20) if not conditions else max(8 * needed, 200), 1000)
-        found: list[tuple[float, str, str, Any]] = []
+        # (score, id, session_id, key, (row, decoded value)), kept sorted by (-score, id).
+        found: list[tuple[float, int, str, str, Any]] = []
         columns = (
             "id",
             "embedding_key",
@@ -857,11 +858,9 @@ class MemoryStore:
                 raise InvalidMemory("index", str(error)) from None
         return list(index) if self.index is not None else False
 
-    def _indexing(self, fields: Any, values: list[Any]) -> dict[str, Any]:
-        """The ``Change`` arguments that index one value known up front."""
-        return self._indexing_many(fields, values)[0]
-
-    def _indexing_many(self, fields: Any, values: list[Any]) -> list[dict[str, Any]]:
+    def _indexing(self, fields: Any, values: list[Any]) -> list[dict[str, Any]]:
+        """The ``Change`` arguments that index each value known up front (one embedder call
+        for all of them)."""
         if fields is False or self.index is None or not values:
             return [{} for _ in values]
         vectors = self.index.vectors(values, fields)
