@@ -397,9 +397,15 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         elif op.kind == "bad-input":
             op.error = f"accepted: {op.value['bad']}"  # the checker reports it
         elif result is not None:
-            op.version, op.result = result.version, result.value
-            op.expires_at = result.expires_at.timestamp() if result.expires_at else None
+            _record_into(op, result)
     op.completed_at = _stamp()
+
+
+def _record_into(op: Operation, record: Any) -> None:
+    """What a call returned for one key: its version, value, expiry (and a search's score)."""
+    op.version, op.result = record.version, record.value
+    op.expires_at = record.expires_at.timestamp() if record.expires_at else None
+    op.score = getattr(record, "score", None)
 
 
 def _many(
@@ -439,9 +445,7 @@ def _many(
         op.status, op.error = ops[0].status, ops[0].error
         op.version = op.result = op.expires_at = None
         if written is not None:
-            record = written[op.key]
-            op.version, op.result = record.version, record.value
-            op.expires_at = record.expires_at.timestamp() if record.expires_at else None
+            _record_into(op, written[op.key])
     return ops
 
 
@@ -500,11 +504,8 @@ def _per_key(
             prefix=prefix,
             query=query,
         )
-        record = found.get(key)
-        if record is not None:
-            op.version, op.result = record.version, record.value
-            op.expires_at = record.expires_at.timestamp() if record.expires_at else None
-            op.score = getattr(record, "score", None)
+        if key in found:
+            _record_into(op, found[key])
         ops.append(op)
     return ops
 
