@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from agentmemory import EmbeddingFailed, Index, InvalidMemory, MemoryStore, ScoredMemory
+from agentmemory.consistency.semantic import expected_score
 from agentmemory.defects import Defect
 from agentmemory.models import Memory, MemoryVersion
 from agentmemory.semantic import MISSING, VectorCache, vector_cache
@@ -42,19 +43,10 @@ def store(cache) -> MemoryStore:
     return make(cache)
 
 
-def cosine_score(query: str, value, fields=FIELDS) -> float:
-    """The score a result must have, worked out here without the store: the best cosine
-    similarity between the query's vector and those of the value's texts."""
-    embedder = HashEmbedder(DIMS)
-    index = Index(embed=embedder, dims=DIMS, fields=fields)
-
-    def unit(vector):
-        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
-        return [x / norm for x in vector]
-
-    q = unit(embedder.vector(query))
-    texts = index.texts(value)
-    return max(sum(a * b for a, b in zip(q, unit(embedder.vector(t)), strict=True)) for t in texts)
+def cosine_score(query: str, value) -> float:
+    """The score a result must have, worked out without the store (memcheck's checker does the
+    same in plain Python): the best cosine similarity of the query's vector to the value's texts'."""
+    return expected_score(query, value, dims=DIMS, fields=tuple(FIELDS))
 
 
 def assert_scores_true(query: str, results: list[ScoredMemory], store: MemoryStore) -> None:

@@ -30,16 +30,20 @@ def memcheck_index() -> Index:
     return Index(embed=HashEmbedder(DIMS), dims=DIMS, fields=(FIELD,), timeout=None)
 
 
-def expected_score(query: str, value: Any) -> float | None:
-    """The score ``value`` must get for ``query``: the best cosine similarity of the query's
-    vector to its texts' (None: the value has no text to index), in plain Python."""
-    embedder = HashEmbedder(DIMS)
+def expected_score(
+    query: str, value: Any, *, dims: int = DIMS, fields: tuple[str, ...] = (FIELD,)
+) -> float | None:
+    """The score ``value`` must get for ``query`` from a :class:`HashEmbedder` index of ``dims``
+    over ``fields`` (memcheck's by default): the best cosine similarity of the query's vector to
+    its texts' (None: the value has no text to index), in plain Python -- independent of the
+    store's numpy scoring and of its stored vectors."""
+    embedder = HashEmbedder(dims)
 
     def unit(vector: list[float]) -> list[float]:
         norm = math.sqrt(sum(x * x for x in vector)) or 1.0
         return [x / norm for x in vector]
 
-    texts = memcheck_index().texts(value)
+    texts = Index(embed=embedder, dims=dims, fields=fields).texts(value)
     if not texts:
         return None
     wanted = unit(embedder.vector(query))
