@@ -39,6 +39,7 @@ class Defect(StrEnum):
     TRANSACTION_READS_CACHE = "transaction-reads-cache"
     NOT_RETRIED = "transient-errors-not-retried"
     STALE_VECTOR = "stale-vector"
+    SEARCH_IGNORES_EXPIRY = "search-ignores-expiry"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -60,6 +61,7 @@ DESCRIPTIONS = {
     Defect.TRANSACTION_READS_CACHE: "reads inside a caller's transaction go through Redis",
     Defect.NOT_RETRIED: "deadlocks, lock timeouts and dropped connections reach the caller",
     Defect.STALE_VECTOR: "an overwrite is indexed by the vectors of the value it replaces",
+    Defect.SEARCH_IGNORES_EXPIRY: "search lists memories whose TTL has passed (state only)",
 }
 
 #: Defects that live in the Redis tier: without one, there is nothing to break.

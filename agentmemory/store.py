@@ -781,7 +781,11 @@ class MemoryStore:
         """The live, indexed memories' ``columns`` (``ids``: of these rows only), in no
         particular order (so that the search index alone can answer), as the driver returns
         them: values are decoded for the results only."""
-        rows = self._memories().live().filter(sessions, embedding_key__isnull=False)
+        if Defect.SEARCH_IGNORES_EXPIRY in self.defects:
+            rows = self._memories().filter(state=MemoryState.LIVE)
+        else:
+            rows = self._memories().live()
+        rows = rows.filter(sessions, embedding_key__isnull=False)
         if prefix:
             rows = rows.filter(prefix_filter(connections[self.using], "key", prefix))
         if ids is not None:

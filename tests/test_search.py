@@ -417,3 +417,12 @@ def test_a_process_that_only_writes_keeps_no_vectors(store):
     store.search("s", "cat")
     store.remember("s", "k", {"text": "dog"})
     assert cache.size > 0
+
+
+def test_the_search_ignores_expiry_defect_returns_an_expired_memory(memory_clock):
+    """The expiry assertion above fails on a search that filters by state only."""
+    broken = make(None, defects={Defect.SEARCH_IGNORES_EXPIRY})
+    broken.remember("s", "short", {"text": "cat"}, ttl=60)
+    memory_clock.advance(61)
+    assert broken.recall("s", "short") is None
+    assert [r.key for r in broken.search("s", "cat")] == ["short"]

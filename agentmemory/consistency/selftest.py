@@ -72,7 +72,7 @@ def not_applicable(
     defect: Defect, *, cache: str | None, vendor: str, faults: str, workloads: Sequence[str] = ()
 ) -> str:
     """Why ``defect`` cannot show on this configuration ('' when it can)."""
-    if defect is Defect.STALE_VECTOR and "search" not in workloads:
+    if defect in (Defect.STALE_VECTOR, Defect.SEARCH_IGNORES_EXPIRY) and "search" not in workloads:
         return "the search workload does not run (numpy is not installed, or --workloads)"
     if defect in CACHE_DEFECTS and cache is None:
         return "no cache tier (AGENTMEMORY['CACHE'] is not set)"

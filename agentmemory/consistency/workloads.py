@@ -285,7 +285,7 @@ def _ops(
     if kind == "search":
         return _search(store, rng, op_id, client, session_id, config)
     if kind in ("search-write", "search-update"):
-        return [_search_write(store, rng, op_id, client, session_id, key, kind)]
+        return [_search_write(store, rng, op_id, client, session_id, key, kind, config)]
     if kind == "erase":
         return [_erase(store, op_id, client, run_id)]
     if kind == "bad-input":
@@ -522,10 +522,12 @@ def _search_write(
     session_id: str,
     key: str,
     kind: str,
+    config: WorkloadConfig,
 ) -> Operation:
     """A text written by ``remember`` (embedded before the lock) or ``update(fn)`` (embedded
-    under it)."""
+    under it); most of them with a short TTL, so that searches meet expired memories."""
     token = {"op": op_id, "s": session_id, "k": key, semantic.FIELD: _text(rng)}
+    ttl = config.ttl if rng.random() < 0.6 else None
     op = Operation(
         op_id,
         client,
@@ -535,12 +537,12 @@ def _search_write(
         invoked_at=0.0,
         node=store.using,
         value=token,
-        ttl=_default_ttl(),
+        ttl=ttl or _default_ttl(),
     )
     if kind == "search-write":
-        _call(op, lambda: store.remember(session_id, key, token))
+        _call(op, lambda: store.remember(session_id, key, token, ttl=ttl))
     else:
-        _call(op, lambda: store.update(session_id, key, lambda _current: token))
+        _call(op, lambda: store.update(session_id, key, lambda _current: token, ttl=ttl))
     return op
 
 
@@ -671,7 +673,8 @@ def final_reads(
     """Once the workload and the faults have stopped: read every key of every session on every
     node, twice (the first pass lets the cache tier replay what an outage left pending), and
     record the reads in ``history`` -- after healing, every read on every node must see the last
-    acknowledged write."""
+    acknowledged write. With the search workload, then a search of every session once the
+    workload's TTLs have passed."""
     if isinstance(stores, MemoryStore):
         stores = [stores]
     for store in stores:
@@ -689,3 +692,11 @@ def final_reads(
                         op_id = f"final{round_}-{store.using}-{index}-{key}"
                         op = _one_op(store, op_id, "final", session_id, key, config, "recall", rng)
                         history.extend([op])
+    if "search" in config.workloads:
+        # Once every TTL written has passed (the workload wrote nothing after this point): a
+        # search of each session must find none of the memories that expired meanwhile.
+        time.sleep(config.ttl)
+        for store in stores:
+            for index, session_id in enumerate(session_ids(run_id, config)):
+                op_id = f"final-search-{store.using}-{index}"
+                history.extend(_search(store, rng, op_id, "final", session_id, config))
