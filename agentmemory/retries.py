@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 
@@ -43,26 +43,33 @@ class Retrier:
         connection = connections[self.using]
         if connection.in_atomic_block or not self.retry:
             return attempt(False)
-        policy = get_config()["RETRY"]
+        try:
+            return attempt(False)  # the first try reads no policy: most calls end here
+        except DatabaseError as exc:
+            policy = get_config()["RETRY"]
+            self._absorb(exc, policy, connection)
+            error: BaseException = exc
         attempts = policy["ATTEMPTS"]
-        error: BaseException | None = None
-        for number in range(attempts):
-            if number:
-                ceiling = min(policy["MAX_DELAY"], policy["BASE_DELAY"] * 2**number)
-                time.sleep(random.uniform(0, ceiling))
+        for number in range(1, attempts):
+            ceiling = min(policy["MAX_DELAY"], policy["BASE_DELAY"] * 2**number)
+            time.sleep(random.uniform(0, ceiling))
             try:
-                return attempt(number > 0)
+                return attempt(True)
             except DatabaseError as exc:
-                kind = classify(exc)
-                if kind is None or (kind is Transient.DISCONNECT and not policy["RECONNECT"]):
-                    raise
-                with self._lock:
-                    self.counts[kind.value] += 1
+                self._absorb(exc, policy, connection)
                 error = exc
-                if kind is Transient.DISCONNECT:
-                    connection.close()
         raise MemoryUnavailable(
             f"database {self.using!r} still failing after {attempts} attempts: {error}",
             cause=error,
             attempts=attempts,
         ) from error
+
+    def _absorb(self, exc: DatabaseError, policy: dict[str, Any], connection: Any) -> None:
+        """Count a transient error (and drop a dead connection); re-raise any other."""
+        kind = classify(exc)
+        if kind is None or (kind is Transient.DISCONNECT and not policy["RECONNECT"]):
+            raise exc
+        with self._lock:
+            self.counts[kind.value] += 1
+        if kind is Transient.DISCONNECT:
+            connection.close()

@@ -3,13 +3,15 @@
 The write path and recall run the same four statements millions of times; building them with the
 ORM costs more CPU than the database spends running them (profiled: about two thirds of a
 ``remember`` on MariaDB was query compilation). They are written here instead, from the models'
-metadata, and still go through Django's connection: its transactions, ``on_commit``, execute
-wrappers and error translation all apply.
+metadata, and run by :func:`run` on Django's connection: its transactions, ``on_commit``, execute
+wrappers, query logging and error translation all apply.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache, lru_cache
@@ -160,12 +162,61 @@ def _read_keys(quote_key: str, count: int) -> str:
 
 
 def statements_for(connection: Any) -> Statements:
-    return _build(
-        json_placeholder(connection),
-        connection.ops.quote_name("key"),
-        bool(connection.features.has_select_for_update),
-        connection.vendor,
-    )
+    # What the statements depend on belongs to the backend's class: worked out once per class.
+    backend = type(connection)
+    found = _by_backend.get(backend)
+    if found is None:
+        found = _by_backend[backend] = _build(
+            json_placeholder(connection),
+            connection.ops.quote_name("key"),
+            bool(connection.features.has_select_for_update),
+            connection.vendor,
+        )
+    return found
+
+
+_by_backend: dict[type, Statements] = {}
+
+
+@lru_cache(maxsize=512)
+def _qmark(sql: str) -> str:
+    """A statement in SQLite's parameter style, as Django's SQLite cursor rewrites it."""
+    return _FORMAT.sub("?", sql).replace("%%", "%")
+
+
+_FORMAT = re.compile(r"(?<!%)%s")
+
+
+def run(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run one statement on ``connection`` and return its rows (none for a statement that
+    returns none).
+
+    When something in Django watches statements -- an execute wrapper (instrumentation, the
+    tests' error injection), query logging (``DEBUG``, ``CaptureQueriesContext``) -- it goes
+    through Django's cursor like any query. Otherwise it goes straight to the cursor Django's
+    backend creates (same driver settings, time zone and type conversions), with the checks
+    Django's cursor wrapper makes -- thread sharing, a transaction already broken -- and Django's
+    error translation, so callers and the retry policy see the same exceptions. Profiled: the
+    cursor wrapper's layers were a third of a ``recall`` from SQLite (14.5 us of Django cursor
+    against 5.2 us of driver cursor for the same point read)."""
+    if connection.execute_wrappers or connection.queries_logged:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        if connection.vendor == "sqlite":
+            # Django's SQLite cursor rewrites %s to ? with a regex at every execute (3 us).
+            cursor, sql = connection.connection.cursor(), _qmark(sql)
+        else:
+            cursor = connection.create_cursor()
+        try:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+        finally:
+            cursor.close()
 
 
 def encode_json(value: Any) -> str | None:

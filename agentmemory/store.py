@@ -37,7 +37,7 @@ from .semantic import (
     unpack,
     vector_cache,
 )
-from .sql import decode_json, statements_for, to_datetime
+from .sql import decode_json, run, statements_for, to_datetime
 from .vendors import prefix_filter
 from .writes import Change, WritePath, default_ttl
 
@@ -452,9 +452,9 @@ class MemoryStore:
         """(key, version, record) of each key as the database holds it now: the record when the
         memory is live, None otherwise; a key with no row is version 0."""
         connection = connections[self.using]
-        with connection.cursor() as cursor:
-            cursor.execute(statements_for(connection).read_keys(len(keys)), [session_id, *keys])
-            found = cursor.fetchall()
+        found = run(
+            connection, statements_for(connection).read_keys(len(keys)), [session_id, *keys]
+        )
         now = clock.now()
         rows: dict[str, tuple[int, MemoryRecord | None]] = {}
         for key, state, raw, version, created, updated, expires in found:

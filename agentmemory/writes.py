@@ -31,7 +31,7 @@ from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation,
 from .records import MemoryRecord
 from .retries import Retrier
 from .semantic import unpack, vector_cache, vector_key
-from .sql import LockedRow, encode_json, statements_for, to_datetime
+from .sql import LockedRow, encode_json, run, statements_for, to_datetime
 from .vendors import insert_if_missing
 
 #: With ``row_lock=False``: seconds between the unlocked read and the write (the gap an agent's
@@ -279,17 +279,16 @@ class WritePath:
         postgres = connection.vendor == "postgresql"
         if postgres:
             params += [text, at, until, change.request_id, vector]
-        with connection.cursor() as cursor:
-            cursor.execute(statements.blind_write, params)
-            found = cursor.fetchone()
-            if found is None:
-                return None
-            row_id, version, created = found
-            if not postgres:
-                cursor.execute(
-                    statements.insert_version,
-                    [row_id, version, Op.WRITE, text, at, until, change.request_id, vector],
-                )
+        found = run(connection, statements.blind_write, params)
+        if not found:
+            return None
+        ((row_id, version, created),) = found
+        if not postgres:
+            run(
+                connection,
+                statements.insert_version,
+                [row_id, version, Op.WRITE, text, at, until, change.request_id, vector],
+            )
         created_at = to_datetime(created)
         assert created_at is not None
         return MemoryRecord(session_id, key, value, version, created_at, now, expires_at)
@@ -325,12 +324,10 @@ class WritePath:
     def _select(self, session_id: str, key: str, *, lock: bool) -> LockedRow | None:
         connection = connections[self.using]
         statements = statements_for(connection)
-        with connection.cursor() as cursor:
-            cursor.execute(statements.lock if lock else statements.read_row, [session_id, key])
-            found = cursor.fetchone()
-        if found is None:
+        found = run(connection, statements.lock if lock else statements.read_row, [session_id, key])
+        if not found:
             return None
-        row_id, session_id, key, version, state, raw, created, expires = found
+        ((row_id, session_id, key, version, state, raw, created, expires),) = found
         return LockedRow(
             row_id, session_id, key, version, state, raw, to_datetime(created), to_datetime(expires)
         )
@@ -357,25 +354,17 @@ class WritePath:
         statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
         name = named(vector)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                statements.update_row,
-                [
-                    row.version,
-                    text,
-                    row.state,
-                    adapt(row.created_at),
-                    at,
-                    until,
-                    vector,
-                    name,
-                    row.id,
-                ],
-            )
-            cursor.execute(
-                statements.insert_version,
-                [row.id, row.version, op, text, at, until, request_id, vector],
-            )
+        created = adapt(row.created_at)
+        run(
+            connection,
+            statements.update_row,
+            [row.version, text, row.state, created, at, until, vector, name, row.id],
+        )
+        run(
+            connection,
+            statements.insert_version,
+            [row.id, row.version, op, text, at, until, request_id, vector],
+        )
 
     def _find_request(self, row: LockedRow, request_id: str) -> Any:
         """The result of an earlier attempt or call with the same request id, if it committed."""

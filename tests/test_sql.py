@@ -1,0 +1,87 @@
+"""The hot statements' runner (``agentmemory.sql.run``): straight on the driver's cursor when
+nothing in Django watches statements, through Django's cursor when something does -- and the same
+errors, checks and results either way."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+from agentmemory import MemoryStore
+from agentmemory.models import Memory
+from agentmemory.sql import run, statements_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_execute_wrapper_sees_every_statement_of_the_hot_paths():
+    store = MemoryStore(cache=None)
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        store.remember("s", "k", {"n": 1})  # a new key: the locked path
+        store.remember(
+            "s", "k", {"n": 2}
+        )  # an overwrite: the one-statement path where there is one
+        store.forget("s", "k")
+        assert store.recall("s", "k") is None
+    assert any("agentmemory_memoryversion" in sql.lower() for sql in seen)
+    reads = statements_for(connection).read_keys(1)
+    assert reads in seen, "the recall's statement went around the wrapper"
+
+
+def test_query_logging_records_the_hot_statements():
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", 1)
+    with CaptureQueriesContext(connection) as captured:
+        assert store.recall("s", "k").value == 1
+        store.remember("s", "k", 2)
+    logged = [query["sql"].lower() for query in captured.captured_queries]
+    assert any("from agentmemory_memory" in sql for sql in logged)
+    assert any("agentmemory_memoryversion" in sql for sql in logged)
+
+
+def test_the_direct_path_raises_djangos_exceptions():
+    """With nothing watching, a driver error still reaches callers as Django's class (the retry
+    policy and callers' ``except DatabaseError`` depend on it)."""
+    assert not connection.execute_wrappers and not connection.queries_logged
+    with pytest.raises(DatabaseError) as raised:
+        run(connection, "SELECT no_such_column FROM agentmemory_memory", [])
+    assert type(raised.value).__module__ == "django.db.utils"
+
+
+def test_the_direct_path_refuses_a_broken_transaction():
+    """After an error inside ``atomic`` (no savepoint), Django refuses every further statement
+    of the block: so does the direct path, instead of running on a transaction the server has
+    aborted (PostgreSQL) or that will be rolled back anyway."""
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", 1)
+    row = Memory.objects.get(session_id="s", key="k")
+    with transaction.atomic():
+        with pytest.raises(IntegrityError), transaction.atomic(savepoint=False):
+            Memory.objects.create(
+                session_id="s",
+                key="k",
+                version=1,
+                state="live",
+                created_at=row.created_at,
+                updated_at=row.updated_at,
+            )
+        with pytest.raises(TransactionManagementError):
+            store.recall("s", "k")
+
+
+def test_both_paths_return_the_same_rows():
+    store = MemoryStore(cache=None)
+    store.remember_many("s", {"a": {"x": [1, "two", None]}, "b": "text"})
+    sql = statements_for(connection).read_keys(2)
+    direct = run(connection, sql, ["s", "a", "b"])
+    with CaptureQueriesContext(connection):
+        logged = run(connection, sql, ["s", "a", "b"])
+    assert sorted(direct) == sorted(logged) and len(direct) == 2
