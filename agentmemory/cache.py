@@ -46,6 +46,7 @@ prevent. Counters (``stats``) record hits, misses, fills, rejected fills, errors
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -164,7 +165,7 @@ return 1
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CachedRead:
     """What Redis said about one key."""
 
@@ -196,6 +197,7 @@ class MemoryCache:
             f"{namespace}:" if namespace else ""
         )
         self._prefix: str | None = None
+        self._fence_key: str | None = None
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -225,7 +227,7 @@ class MemoryCache:
         return f"{_TOKEN_PREFIX}{next(_TOKENS)}"
 
     def _hash(self, session_id: str, key: str) -> str:
-        return hashlib.sha256(f"{session_id}\x00{key}".encode()).hexdigest()[:40]
+        return _digest(session_id, key)
 
     def entry_key(self, session_id: str, key: str) -> str:
         return self._names(session_id, key)[0]
@@ -240,7 +242,9 @@ class MemoryCache:
 
     @property
     def fence_key(self) -> str:
-        return f"{self.prefix}fence"
+        if self._fence_key is None:
+            self._fence_key = f"{self.prefix}fence"
+        return self._fence_key
 
     # ------------------------------------------------------------------ plumbing
 
@@ -268,8 +272,6 @@ class MemoryCache:
     def _run(self, source: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """Run a Lua script once per (keys, args) in one round trip, by its SHA (redis-py's
         pipelined scripts would add a SCRIPT EXISTS round trip to every call)."""
-        from redis.exceptions import NoScriptError
-
         client = self.client
         sha = self._scripts.get(source)
         if sha is None:
@@ -286,7 +288,7 @@ class MemoryCache:
                     replies = pipe.execute()
                 self._answered()
                 return replies
-            except NoScriptError:  # Redis restarted or flushed its scripts: load it again
+            except _no_script_error():  # Redis restarted or flushed its scripts: load it again
                 if attempt:
                     raise
                 sha = self._scripts[source] = client.script_load(source)
@@ -636,6 +638,19 @@ def entry_version(raw: bytes | str, run_id: str | None = None) -> int | None:
     if payload == "~" or (run_id is not None and server != run_id):
         return None
     return int(version)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest(session_id: str, key: str) -> str:
+    """The hash naming a key's entry and lease in Redis (fixed length, whatever the ids)."""
+    return hashlib.sha256(f"{session_id}\x00{key}".encode()).hexdigest()[:40]
+
+
+@functools.cache
+def _no_script_error() -> type[Exception]:
+    from redis.exceptions import NoScriptError  # redis-py is an optional dependency
+
+    return NoScriptError
 
 
 _FOREIGN: Any = object()

@@ -22,6 +22,14 @@ URLS = {
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 DATABASES = {alias: dj_database_url.parse(url) for alias, url in URLS.items()}
+# The same PostgreSQL database with psycopg's prepared statements, as Django enables them
+# (server-side binding, then a statement is prepared on its 5th run on a connection); Django's
+# default (client-side binding, never prepared) keeps connection poolers in transaction mode
+# working, so it is the default alias above.
+DATABASES["postgres+prepared"] = {
+    **DATABASES["postgres"],
+    "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5},
+}
 DATABASES["default"] = DATABASES["sqlite"]
 DATABASES["sqlite"]["OPTIONS"] = {
     "transaction_mode": "IMMEDIATE",

@@ -39,7 +39,8 @@ def redis_alias() -> str:
 def pytest_collection_modifyitems(config, items):
     """Tests that do not apply to this backend are deselected (never skipped on one where they
     apply): ``server`` tests act on a server connection (SQLite runs in-process); ``cluster``
-    tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL)."""
+    tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL);
+    ``postgres`` tests are about PostgreSQL's driver settings."""
     from django.conf import settings
 
     not_here = set()
@@ -47,6 +48,8 @@ def pytest_collection_modifyitems(config, items):
         not_here.add("server")
     if "node2" not in settings.DATABASES:
         not_here.add("cluster")
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        not_here.add("postgres")
     deselected = [i for i in items if any(i.get_closest_marker(m) for m in not_here)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)

@@ -85,3 +85,24 @@ def test_both_paths_return_the_same_rows():
     with CaptureQueriesContext(connection):
         logged = run(connection, sql, ["s", "a", "b"])
     assert sorted(direct) == sorted(logged) and len(direct) == 2
+
+
+@pytest.mark.postgres
+def test_the_hot_statements_are_prepared_as_the_connection_is_configured():
+    """Prepared statements are the connection's choice (Django's OPTIONS), never the store's:
+    with ``server_side_binding`` and ``prepare_threshold`` a recall's statement is prepared on
+    the server once it has run that many times; with Django's default (client-side binding,
+    which keeps poolers in transaction mode working) it never is."""
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", 1)
+    for _ in range(10):
+        store.recall("s", "k")
+    reads = statements_for(connection).read_keys(1).split(" WHERE ")[0]
+    prepared = [
+        sql
+        for (sql,) in run(connection, "SELECT statement FROM pg_prepared_statements", [])
+        if reads in sql
+    ]
+    options = connection.settings_dict["OPTIONS"]
+    configured = options.get("server_side_binding") is True and options.get("prepare_threshold")
+    assert bool(prepared) == bool(configured), (options, prepared)
