@@ -5,7 +5,7 @@ thread, one after another: 32 concurrent ``aremember`` tasks wrote no faster tha
 keeps no per-thread state across calls (every call is its own transaction), so its calls can run on
 any thread: here, on a pool of ``AGENTMEMORY["ASYNC_THREADS"]`` threads (default 16), each with its
 own database connections -- at most that many connections per database for every async caller of
-the process. Context variables are carried over (asgiref does it).
+the process. Context variables are carried over (a copy of the caller's context runs the call).
 
 A call inside the caller's ``transaction.atomic`` has no async form in Django either: the
 twins are for async code, which cannot hold a transaction across awaits.
@@ -16,12 +16,14 @@ test); a thread opens a new one on its next call.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .conf import get_config
@@ -51,8 +53,13 @@ def executor() -> ThreadPoolExecutor:
 
 
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` on the pool."""
-    return await sync_to_async(fn, thread_sensitive=False, executor=executor())(*args, **kwargs)
+    """``fn(*args, **kwargs)`` on the pool, in a copy of the caller's context (its context
+    variables: a request id for logging, a tenant...). The loop's own ``run_in_executor``:
+    ``sync_to_async`` cost 36 us of CPU per call against 19.5 here, measured with a function
+    that does nothing -- a third of an ``arecall`` from SQLite -- for what the store does not use
+    (copying context changes back to the caller, thread-sensitive mode)."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(executor(), call)
 
 
 def close_connections() -> int:

@@ -7,6 +7,7 @@ timeout breaks it and the test fails)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 
 import pytest
@@ -96,3 +97,25 @@ def test_async_threads_must_be_a_sane_int(settings):
     for bad in (0, -1, "8", True, 10_000):
         settings.AGENTMEMORY = {"ASYNC_THREADS": bad}
         assert [e.id for e in check_settings()] == ["agentmemory.E018"], bad
+
+
+def test_an_async_call_sees_the_callers_context_variables(settings):
+    """A context variable set by the caller (a request id for logging, a tenant) is what the
+    store's code sees on the pool thread; the pool thread's changes stay there."""
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+    seen = []
+
+    def work() -> str:
+        seen.append(request_id.get())
+        request_id.set("changed on the pool thread")
+        return threading.current_thread().name
+
+    async def main() -> str:
+        request_id.set("req-42")
+        name = await aio.run(work)
+        assert request_id.get() == "req-42"
+        return name
+
+    name = asyncio.run(main())
+    assert seen == ["req-42"]
+    assert name.startswith(aio.THREAD_PREFIX)
