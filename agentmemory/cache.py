@@ -382,12 +382,15 @@ class MemoryCache:
         session_id: str,
         keys: list[str],
         load: Callable[[str, list[str]], list[tuple[str, int, MemoryRecord | None]]],
+        reads: dict[str, CachedRead] | None = None,
     ) -> tuple[dict[str, MemoryRecord], str]:
         """The live records of ``keys``: Redis first; ``load(session_id, missing)`` -- the
         database's (key, version, live record or None) -- for misses, filling Redis under the
         reader's lease, and for everything while Redis is untrusted or unreachable. Returns the
-        records and where they came from (``"cache"`` when every key was a hit)."""
-        reads = self.read(session_id, keys)
+        records and where they came from (``"cache"`` when every key was a hit). ``reads``: what
+        :meth:`read` already answered for these keys (its leases are used for the fills)."""
+        if reads is None:
+            reads = self.read(session_id, keys)
         # Another reader holds the fill lease of a hot key: wait (briefly, backing off) for its
         # fill rather than sending every concurrent miss to the database.
         deadline, pause = time.monotonic() + HOT_KEY_WAIT_SECONDS, 0.002

@@ -35,12 +35,14 @@ class Retrier:
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def run(self, attempt: Callable[[bool], T]) -> T:
+    def run(self, attempt: Callable[[bool], T], connection: Any = None) -> T:
         """``attempt(retry)`` until it succeeds, with jittered exponential backoff between
         tries: attempt n waits random(0, min(MAX_DELAY, BASE_DELAY * 2**n)). Inside a caller's
         transaction nothing can be retried (the server rolled the whole transaction back), so
-        the error propagates for the caller to retry."""
-        connection = connections[self.using]
+        the error propagates for the caller to retry. ``connection``: the alias's, when the
+        caller has it at hand (looking it up costs a microsecond)."""
+        if connection is None:
+            connection = connections[self.using]
         if connection.in_atomic_block or not self.retry:
             return attempt(False)
         try:

@@ -401,21 +401,31 @@ class MemoryStore:
         # Inside the caller's transaction Redis is bypassed: it holds only committed versions
         # (the caller must read its own writes), and a fill from this transaction's view could
         # publish data that is later rolled back.
-        in_transaction = connections[self.using].in_atomic_block
+        connection = connections[self.using]
+        in_transaction = connection.in_atomic_block
         if Defect.TRANSACTION_READS_CACHE in self.defects:
             in_transaction = False
-        if self.cache is not None and not in_transaction:
+        cache = self.cache
+        if cache is not None and not in_transaction:
+            # Redis first, outside the retry loop (a Redis failure is a miss, never retried):
+            # a hit of one key is answered at once, anything else reads through with the leases
+            # this round trip took.
+            reads = cache.read(session_id, keys)
+            if len(keys) == 1 and (only := reads.get(keys[0])) is not None and only.hit:
+                self._local.source = "cache"
+                return self._renewed({} if only.record is None else {keys[0]: only.record})
             found, source = self._reading(
-                lambda: self.cache.read_through(session_id, keys, self._load)  # type: ignore[union-attr]
+                lambda: cache.read_through(session_id, keys, self._load, reads)
             )
             self._local.source = source
             return self._renewed(found)
         self._local.source = "database"
-        return self._renewed(
-            self._reading(
-                lambda: {k: r for k, _, r in self._load(session_id, keys) if r is not None}
-            )
-        )
+
+        def live(_retry: bool) -> dict[str, MemoryRecord]:
+            loaded = self._load(session_id, keys, connection)
+            return {key: record for key, _, record in loaded if record is not None}
+
+        return self._renewed(self._retrier.run(live, connection))
 
     def _renewed(self, found: dict[str, MemoryRecord]) -> dict[str, MemoryRecord]:
         """With the TTL_RENEWED_ON_READ defect, a sliding TTL: each live memory read with an
@@ -448,10 +458,14 @@ class MemoryStore:
                 )
         return found
 
-    def _load(self, session_id: str, keys: list[str]) -> list[tuple[str, int, MemoryRecord | None]]:
+    def _load(
+        self, session_id: str, keys: list[str], connection: Any = None
+    ) -> list[tuple[str, int, MemoryRecord | None]]:
         """(key, version, record) of each key as the database holds it now: the record when the
-        memory is live, None otherwise; a key with no row is version 0."""
-        connection = connections[self.using]
+        memory is live, None otherwise; a key with no row is version 0. ``connection``: this
+        store's, when the caller has it at hand."""
+        if connection is None:
+            connection = connections[self.using]
         found = run(
             connection, statements_for(connection).read_keys(len(keys)), [session_id, *keys]
         )

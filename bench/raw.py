@@ -133,15 +133,26 @@ class Driver:
         return getattr(exc, "sqlstate", None) in ("40001", "40P01", "55P03")
 
     def writes(
-        self, session: str, keys: list[str], value: Any, *, one_transaction: bool = False
+        self,
+        session: str,
+        keys: list[str],
+        value: Any,
+        *,
+        one_transaction: bool = False,
+        redis: Any = None,
     ) -> int:
         """The write protocol once per key (or for all keys in one transaction); returns the
-        number of writes. Deadlocks and busy errors are retried, like the store does."""
+        number of writes. Deadlocks and busy errors are retried, like the store does.
+
+        With a redis-py client, the least a write-through cache that never serves a stale
+        version needs around each transaction: one round trip before COMMIT that marks the keys
+        (a tombstone: readers miss, older fills are refused) and one after it that stores the
+        new values -- as plain ``SET`` commands, no script, no lease, no server identity."""
         batches = [keys] if one_transaction else [[key] for key in keys]
         for batch in batches:
             for attempt in range(20):
                 try:
-                    self._transaction(session, batch, value)
+                    self._transaction(session, batch, value, redis)
                     break
                 except Exception as exc:
                     self._rollback()
@@ -150,11 +161,12 @@ class Driver:
                     time.sleep(0.001 * 2 ** min(attempt, 6))
         return len(keys)
 
-    def _transaction(self, session: str, keys: list[str], value: Any) -> None:
+    def _transaction(self, session: str, keys: list[str], value: Any, redis: Any = None) -> None:
         conn = self.connection()
         cursor = conn.cursor()
         text = json.dumps(value)
         cursor.execute(self.begin)
+        versions = {}
         for key in keys:
             now = datetime.now(UTC)
             stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f") if self.vendor == "sqlite" else now
@@ -165,7 +177,26 @@ class Driver:
             row_id, version = cursor.fetchone()
             cursor.execute(self.sql_update, (text, version + 1, stamp, row_id))
             cursor.execute(self.sql_history, (row_id, version + 1, text, stamp, uuid.uuid4().hex))
+            versions[key] = version + 1
+        if redis is not None:
+            self._redis_round_trip(redis, session, versions, None)
         cursor.execute("COMMIT")
+        if redis is not None:
+            self._redis_round_trip(redis, session, versions, text)
+
+    @staticmethod
+    def _redis_round_trip(
+        redis: Any, session: str, versions: dict[str, int], text: str | None
+    ) -> None:
+        names = {key: f"bench-raw-cache:{session}:{key}" for key in versions}
+        if len(versions) == 1:
+            ((key, version),) = versions.items()
+            redis.set(names[key], f"{version}|{'~' if text is None else text}", px=3_000)
+            return
+        pipe = redis.pipeline(transaction=False)
+        for key, version in versions.items():
+            pipe.set(names[key], f"{version}|{'~' if text is None else text}", px=3_000)
+        pipe.execute()
 
     def _rollback(self) -> None:
         with contextlib.suppress(Exception):
