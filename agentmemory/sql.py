@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,6 +86,9 @@ class Statements:
     # the update and the history insert in one CTE; SQLite: UPDATE ... RETURNING, then the
     # insert_version statement); None elsewhere. See WritePath._blind_write.
     blind_write: str | None = None
+    # PostgreSQL: the same for a write without expected_version, as an upsert -- a key that has
+    # no row yet gets its first version in the same one statement. None elsewhere.
+    upsert_write: str | None = None
 
     def read_keys(self, count: int) -> str:
         """The rows of ``count`` keys of one session, whatever their state."""
@@ -92,7 +96,9 @@ class Statements:
 
 
 @cache
-def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str) -> Statements:
+def build_statements(
+    json_param: str, quote_key: str, select_for_update: bool, vendor: str, update_returning: bool
+) -> Statements:
     memory, version = Memory._meta.db_table, MemoryVersion._meta.db_table
 
     # The row's next version, in one UPDATE: it takes the row lock itself and, under READ
@@ -112,18 +118,34 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
             "RETURNING id, version, created_at"
         )
 
-    blind_write = None
+    blind_write = upsert_write = None
     if vendor == "postgresql":
         # Then the history version, from what the update returned, in the same statement.
         # Parameters: the eleven above, then value, created_at, expires_at, request_id, embedding.
         # (A bare "%s IS NULL" has no type PostgreSQL can infer inside a CTE: typed.)
-        blind_write = (
-            f"WITH upd AS ({update_blind('%s::bigint')}), "
+        history = (
             f"ins AS (INSERT INTO {version} (memory_id, version, op, value, created_at, "
             f"expires_at, request_id, embedding) SELECT id, version, 'write', {json_param}, "
             "%s, %s, %s, %s FROM upd) SELECT id, version, created_at FROM upd"
         )
-    elif vendor == "sqlite":
+        blind_write = f"WITH upd AS ({update_blind('%s::bigint')}), {history}"
+        # A key with no row is inserted at version 1; a conflict takes the row lock and goes on
+        # as update_blind does (the same WHERE: a passed TTL is not overwritten here). Parameters:
+        # session_id, key, value, created_at, updated_at, expires_at, embedding, embedding_key,
+        # now, then the history's five.
+        upsert_write = (
+            f"WITH upd AS (INSERT INTO {memory} AS m (session_id, {quote_key}, value, version, "
+            "state, created_at, updated_at, expires_at, history_from, embedding, embedding_key) "
+            f"VALUES (%s, %s, {json_param}, 1, 'live', %s, %s, %s, 1, %s, %s) "
+            f"ON CONFLICT (session_id, {quote_key}) DO UPDATE SET version = m.version + 1, "
+            "value = EXCLUDED.value, state = 'live', created_at = CASE WHEN m.state = 'live' "
+            "THEN m.created_at ELSE EXCLUDED.created_at END, updated_at = EXCLUDED.updated_at, "
+            "expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding, "
+            "embedding_key = EXCLUDED.embedding_key "
+            "WHERE NOT (m.state = 'live' AND m.expires_at IS NOT NULL AND m.expires_at <= %s) "
+            f"RETURNING id, version, created_at), {history}"
+        )
+    elif vendor == "sqlite" and update_returning:
         blind_write = update_blind("%s")
     columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
     where = f"WHERE session_id = %s AND {quote_key} = %s"
@@ -149,6 +171,7 @@ def _build(json_param: str, quote_key: str, select_for_update: bool, vendor: str
             f"DELETE FROM {memory} WHERE session_id = %s",
         ),
         blind_write=blind_write,
+        upsert_write=upsert_write,
     )
 
 
@@ -166,16 +189,26 @@ def statements_for(connection: Any) -> Statements:
     backend = type(connection)
     found = _by_backend.get(backend)
     if found is None:
-        found = _by_backend[backend] = _build(
+        found = _by_backend[backend] = build_statements(
             json_placeholder(connection),
             connection.ops.quote_name("key"),
             bool(connection.features.has_select_for_update),
             connection.vendor,
+            updates_return_rows(connection.vendor),
         )
     return found
 
 
 _by_backend: dict[type, Statements] = {}
+
+
+def updates_return_rows(vendor: str, sqlite_version: tuple[int, ...] | None = None) -> bool:
+    """Whether ``UPDATE ... RETURNING`` exists here: PostgreSQL; SQLite from 3.35 (Django 5.2
+    still runs on 3.31, where a SQLite write takes the locked path instead); not the MySQL
+    family."""
+    if vendor == "sqlite":
+        return (sqlite_version or sqlite3.sqlite_version_info) >= (3, 35)
+    return vendor == "postgresql"
 
 
 @lru_cache(maxsize=512)

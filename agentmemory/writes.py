@@ -132,8 +132,8 @@ class WritePath:
             record = self._blind_write(session_id, key, change, clock.now())
             if record is not None:
                 return {key: record}
-            # It did not apply (a new key, a passed TTL, a version that does not match): the
-            # locked attempt must not run the same statement again. Same request id.
+            # It did not apply (a passed TTL, a version that does not match, a new key with an
+            # expected version): the locked attempt must not run the same statement again.
             changes = {key: dataclasses.replace(change, blind=False)}
         return self._atomic(self._locked_attempt(session_id, changes, None), retry)
 
@@ -260,10 +260,12 @@ class WritePath:
         self, session_id: str, key: str, change: Change, now: datetime
     ) -> MemoryRecord | None:
         """A write of a value known up front, as one UPDATE that takes the row lock, counts the
-        version and returns it (PostgreSQL: with the history insert in the same statement; SQLite:
-        then the insert). None when it does not apply -- no row yet, a TTL that has passed (its
-        expiry must become a version first), expected_version=0 or a version that does not match
-        -- and nothing was changed: the locked path takes over, in the same transaction."""
+        version and returns it (PostgreSQL: with the history insert in the same statement, and
+        without expected_version as an upsert, so a new key is one statement too; SQLite: then
+        the insert). None when it does not apply -- no row yet (SQLite, or an expected_version),
+        a TTL that has passed (its expiry must become a version first), expected_version=0 or a
+        version that does not match -- and nothing was changed: the locked path takes over, in
+        the same transaction."""
         if change.expected_version == 0:
             return None
         assert change.compute is not None
@@ -275,11 +277,16 @@ class WritePath:
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
         expected, vector = change.expected_version, change.vector
         name = named(vector)
-        params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
         postgres = connection.vendor == "postgresql"
+        if postgres and expected is None and statements.upsert_write is not None:
+            sql = statements.upsert_write
+            params = [session_id, key, text, at, at, until, vector, name, at]
+        else:
+            sql = statements.blind_write
+            params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
         if postgres:
             params += [text, at, until, change.request_id, vector]
-        found = run(connection, statements.blind_write, params)
+        found = run(connection, sql, params)
         if not found:
             return None
         ((row_id, version, created),) = found

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agentmemory import MemoryStore
 from agentmemory.models import Memory
-from agentmemory.sql import run, statements_for
+from agentmemory.sql import build_statements, run, statements_for, updates_return_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,3 +106,46 @@ def test_the_hot_statements_are_prepared_as_the_connection_is_configured():
     options = connection.settings_dict["OPTIONS"]
     configured = options.get("server_side_binding") is True and options.get("prepare_threshold")
     assert bool(prepared) == bool(configured), (options, prepared)
+
+
+@pytest.mark.postgres
+def test_a_new_keys_first_write_is_one_statement_on_postgresql():
+    """Without an expected version, PostgreSQL's one-statement write is an upsert: a key with no
+    row gets version 1 and its history in the same statement (no placeholder row, no lock
+    round trip), and the next write of it is one statement too."""
+    store = MemoryStore(cache=None)
+    sent: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        first = store.remember("s", "new", {"n": 1}, ttl=60)
+        second = store.remember("s", "new", {"n": 2})
+    assert len(sent) == 2, sent
+    assert (first.version, second.version) == (1, 2)
+    assert first.created_at == second.created_at == first.updated_at
+    assert second.expires_at is None
+    assert [(v.version, v.value) for v in store.history("s", "new")] == [
+        (1, {"n": 1}),
+        (2, {"n": 2}),
+    ]
+    assert store.recall("s", "new").value == {"n": 2}
+
+
+def test_sqlite_before_3_35_writes_on_the_locked_path():
+    """Django 5.2 supports SQLite from 3.31; ``UPDATE ... RETURNING`` came in 3.35. Before it,
+    the one-statement write is not built at all (every write takes the locked path) instead
+    of failing with a syntax error on the first overwrite."""
+    assert not updates_return_rows("sqlite", (3, 34, 1))
+    assert updates_return_rows("sqlite", (3, 35, 0))
+    assert updates_return_rows("postgresql") and not updates_return_rows("mysql")
+    old = build_statements(
+        "%s", '"key"', False, "sqlite", updates_return_rows("sqlite", (3, 31, 1))
+    )
+    assert old.blind_write is None and old.upsert_write is None
+    new = build_statements(
+        "%s", '"key"', False, "sqlite", updates_return_rows("sqlite", (3, 45, 0))
+    )
+    assert new.blind_write is not None and "RETURNING" in new.blind_write
