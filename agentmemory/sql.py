@@ -89,6 +89,9 @@ class Statements:
     # PostgreSQL: the same for a write without expected_version, as an upsert -- a key that has
     # no row yet gets its first version in the same one statement. None elsewhere.
     upsert_write: str | None = None
+    # PostgreSQL: update_row and insert_version in one statement (the locked path under its row
+    # lock: one round trip fewer while other writers of the key wait). None elsewhere.
+    append: str | None = None
 
     def read_keys(self, count: int) -> str:
         """The rows of ``count`` keys of one session, whatever their state."""
@@ -147,6 +150,17 @@ def build_statements(
         )
     elif vendor == "sqlite" and update_returning:
         blind_write = update_blind("%s")
+    update_row = (
+        f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
+        "created_at = %s, updated_at = %s, expires_at = %s, embedding = %s, "
+        "embedding_key = %s WHERE id = %s"
+    )
+    insert_version = (
+        f"INSERT INTO {version} (memory_id, version, op, value, created_at, expires_at, "
+        f"request_id, embedding) VALUES (%s, %s, %s, {json_param}, %s, %s, %s, %s)"
+    )
+    # A data-modifying WITH runs to completion whether or not the main statement reads it.
+    append = f"WITH upd AS ({update_row}) {insert_version}" if vendor == "postgresql" else None
     columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
     where = f"WHERE session_id = %s AND {quote_key} = %s"
     plain = f"SELECT {columns} FROM {memory} {where}"
@@ -156,15 +170,8 @@ def build_statements(
         read_row=plain,
         lock_by_id=f"SELECT version, history_from FROM {memory} WHERE id = %s"
         + (" FOR UPDATE" if select_for_update else ""),
-        update_row=(
-            f"UPDATE {memory} SET version = %s, value = {json_param}, state = %s, "
-            "created_at = %s, updated_at = %s, expires_at = %s, embedding = %s, "
-            "embedding_key = %s WHERE id = %s"
-        ),
-        insert_version=(
-            f"INSERT INTO {version} (memory_id, version, op, value, created_at, expires_at, "
-            f"request_id, embedding) VALUES (%s, %s, %s, {json_param}, %s, %s, %s, %s)"
-        ),
+        update_row=update_row,
+        insert_version=insert_version,
         erase_session=(
             f"DELETE FROM {version} WHERE memory_id IN "
             f"(SELECT id FROM {memory} WHERE session_id = %s)",
@@ -172,6 +179,7 @@ def build_statements(
         ),
         blind_write=blind_write,
         upsert_write=upsert_write,
+        append=append,
     )
 
 

@@ -361,17 +361,13 @@ class WritePath:
         statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
         name = named(vector)
-        created = adapt(row.created_at)
-        run(
-            connection,
-            statements.update_row,
-            [row.version, text, row.state, created, at, until, vector, name, row.id],
-        )
-        run(
-            connection,
-            statements.insert_version,
-            [row.id, row.version, op, text, at, until, request_id, vector],
-        )
+        update = [row.version, text, row.state, adapt(row.created_at), at, until, vector, name]
+        insert = [row.id, row.version, op, text, at, until, request_id, vector]
+        if statements.append is not None:  # PostgreSQL: both in one statement
+            run(connection, statements.append, [*update, row.id, *insert])
+        else:
+            run(connection, statements.update_row, [*update, row.id])
+            run(connection, statements.insert_version, insert)
 
     def _find_request(self, row: LockedRow, request_id: str) -> Any:
         """The result of an earlier attempt or call with the same request id, if it committed."""

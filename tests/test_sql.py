@@ -149,3 +149,27 @@ def test_sqlite_before_3_35_writes_on_the_locked_path():
         "%s", '"key"', False, "sqlite", updates_return_rows("sqlite", (3, 45, 0))
     )
     assert new.blind_write is not None and "RETURNING" in new.blind_write
+
+
+@pytest.mark.postgres
+def test_the_locked_path_appends_in_one_statement_on_postgresql():
+    """Under the row lock, PostgreSQL updates the live row and appends the version in one
+    statement: ``update(fn)`` and ``forget`` are the lock and one write, so writers waiting for
+    the key wait one round trip less."""
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", {"n": 1})
+    sent: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        updated = store.update("s", "k", lambda v: {"n": v["n"] + 1})
+        assert store.forget("s", "k")
+    assert [sql.split()[0].upper() for sql in sent] == ["SELECT", "WITH", "SELECT", "WITH"], sent
+    assert updated.version == 2
+    history = [(v.version, v.op, v.value) for v in store.history("s", "k")]
+    assert history == [(1, "write", {"n": 1}), (2, "write", {"n": 2}), (3, "forget", None)]
+    row = Memory.objects.get(session_id="s", key="k")
+    assert (row.version, row.state, row.value) == (3, "forgotten", None)
