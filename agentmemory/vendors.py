@@ -33,6 +33,8 @@ MYSQL_CONFLICT_CODES = frozenset({1213, 1205, 9007, 8002, 8022, 8028})
 # 4031 disconnected by the server (MySQL 8); 1047 a Galera node that is not ready (joining,
 # donor, or cut off from the primary component): reconnect and retry, as for a node that is down.
 MYSQL_DISCONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047})
+# KILL CONNECTION of a connection that has closed already.
+MYSQL_UNKNOWN_THREAD = 1094
 # PostgreSQL SQLSTATEs: 40001 serialization_failure, 40P01 deadlock_detected,
 # 55P03 lock_not_available (lock_timeout).
 POSTGRES_CONFLICT_STATES = frozenset({"40001", "40P01", "55P03"})
@@ -199,8 +201,11 @@ def kill_connection(connection: Any, server_id: int) -> bool:
             return bool(cursor.fetchone()[0])
         try:
             cursor.execute(f"KILL CONNECTION {int(server_id)}")
-        except DatabaseError:  # 1094 unknown thread id: it had closed already
-            return False
+        except DatabaseError as exc:
+            error = _driver_error(exc)
+            if error.args and error.args[0] == MYSQL_UNKNOWN_THREAD:  # it had closed already
+                return False
+            raise  # the killer's own connection failed: the caller opens another
         return True
 
 

@@ -115,6 +115,29 @@ def kill_current_connection() -> None:
 
 
 @pytest.mark.server
+def test_killing_a_connection_that_is_gone_says_so():
+    """memcheck's kill fault: a connection that has closed already is False (try another); an
+    error of the killer's own connection is raised (its caller opens a new one) instead of being
+    taken for "gone"."""
+    assert kill_connection(connections["default"], 2**31 - 7) is False
+
+
+@pytest.mark.server
+def test_a_dead_persistent_connection_is_replaced_at_a_requests_first_statement(settings):
+    """``CONN_HEALTH_CHECKS`` (on in this project): a persistent connection that died between two
+    requests is checked and replaced at the new request's first statement -- the store's own
+    statements included, though they skip Django's cursor wrapper. The store's reconnecting
+    retry is off here, so only the health check can save the call."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "RETRY": {"RECONNECT": False}}
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", 1)
+    assert connection.health_check_enabled
+    kill_current_connection()
+    connection.health_check_done = False  # what a new request does (request_started)
+    assert store.recall("s", "k").value == 1
+
+
+@pytest.mark.server
 def test_connection_killed_server_side_mid_transaction_is_retried_exactly_once(store):
     store.remember("s", "k", "before")
     killed = []

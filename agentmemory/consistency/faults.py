@@ -240,12 +240,16 @@ class Nemesis:
         for alias, server_id in candidates:
             with self._ids_lock:
                 self._ids.pop((alias, server_id), None)
-            try:
-                # Killed from the same node: a connection id means something on its own server.
-                if kill_connection(connections[alias], server_id):
-                    return True
-            except DatabaseError:  # that node is down or paused (a node fault): try another
-                connections[alias].close()
+            for _attempt in range(2):
+                try:
+                    # Killed from the same node: a connection id means something on its own server.
+                    if kill_connection(connections[alias], server_id):
+                        return True
+                    break  # it had closed already: try another
+                except DatabaseError:
+                    # The killer's own connection failed (its node is down or paused, or it was
+                    # aborted): once more on a new connection, then another candidate.
+                    connections[alias].close()
         return False
 
     def _db_lock(self) -> bool:
