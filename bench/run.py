@@ -621,7 +621,7 @@ def chart(report: dict[str, Any], path: Path) -> None:
         for label, base in r["baselines"].items()
     ]
     fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 1.5))
-    colours = ["#1565c0" if "raw" in label else "#ef6c00" for _, label, _ in rows]
+    colours = ["#ef6c00" if "LangGraph" in label else "#1565c0" for _, label, _ in rows]
     ax.barh(range(len(rows)), [ratio for *_, ratio in rows], color=colours)
     ax.set_yticks(
         range(len(rows)),
@@ -632,7 +632,10 @@ def chart(report: dict[str, Any], path: Path) -> None:
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.axvline(0.8, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("store / baseline, median ops/s (dashed: the 0.8x target against the raw driver)")
-    ax.set_title("agentmemory against the raw-driver limit (blue) and LangGraph's stores (orange)")
+    ax.set_title(
+        "agentmemory against the raw-driver limit and its own baselines (blue) "
+        "and LangGraph's stores (orange)"
+    )
     fig.subplots_adjust(left=0.4, right=0.97, top=0.97, bottom=0.06)
     fig.savefig(path, dpi=110)
 
