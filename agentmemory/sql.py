@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -98,11 +98,24 @@ class Statements:
         return _read_keys(self.quote_key, count)
 
 
-@cache
 def build_statements(
     json_param: str, quote_key: str, select_for_update: bool, vendor: str, update_returning: bool
 ) -> Statements:
+    """The statements of one backend (``statements_for`` builds them once per backend class)."""
     memory, version = Memory._meta.db_table, MemoryVersion._meta.db_table
+
+    # What a blind write changes on a row it may take over, and the row it may not (a live row
+    # whose TTL has passed: that expiry must become a version first). ``row``: how the statement
+    # names the existing row ("" or "m."); ``new_life``: the created_at of a row coming back.
+    def takes_over(row: str, new_life: str) -> str:
+        return (
+            f"created_at = CASE WHEN {row}state = 'live' THEN {row}created_at ELSE {new_life} END"
+        )
+
+    def not_due(row: str) -> str:
+        return (
+            f"NOT ({row}state = 'live' AND {row}expires_at IS NOT NULL AND {row}expires_at <= %s)"
+        )
 
     # The row's next version, in one UPDATE: it takes the row lock itself and, under READ
     # COMMITTED, re-reads a row another writer changed meanwhile, so version + 1 is always the
@@ -113,10 +126,9 @@ def build_statements(
     def update_blind(null_param: str) -> str:
         return (
             f"UPDATE {memory} SET version = version + 1, value = {json_param}, state = 'live', "
-            "created_at = CASE WHEN state = 'live' THEN created_at ELSE %s END, "
+            f"{takes_over('', '%s')}, "
             "updated_at = %s, expires_at = %s, embedding = %s, embedding_key = %s "
-            f"WHERE session_id = %s AND {quote_key} = %s "
-            "AND NOT (state = 'live' AND expires_at IS NOT NULL AND expires_at <= %s) "
+            f"WHERE session_id = %s AND {quote_key} = %s AND {not_due('')} "
             f"AND ({null_param} IS NULL OR (state = 'live' AND version = %s)) "
             "RETURNING id, version, created_at"
         )
@@ -141,12 +153,10 @@ def build_statements(
             "state, created_at, updated_at, expires_at, history_from, embedding, embedding_key) "
             f"VALUES (%s, %s, {json_param}, 1, 'live', %s, %s, %s, 1, %s, %s) "
             f"ON CONFLICT (session_id, {quote_key}) DO UPDATE SET version = m.version + 1, "
-            "value = EXCLUDED.value, state = 'live', created_at = CASE WHEN m.state = 'live' "
-            "THEN m.created_at ELSE EXCLUDED.created_at END, updated_at = EXCLUDED.updated_at, "
-            "expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding, "
-            "embedding_key = EXCLUDED.embedding_key "
-            "WHERE NOT (m.state = 'live' AND m.expires_at IS NOT NULL AND m.expires_at <= %s) "
-            f"RETURNING id, version, created_at), {history}"
+            f"value = EXCLUDED.value, state = 'live', {takes_over('m.', 'EXCLUDED.created_at')}, "
+            "updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at, "
+            "embedding = EXCLUDED.embedding, embedding_key = EXCLUDED.embedding_key "
+            f"WHERE {not_due('m.')} RETURNING id, version, created_at), {history}"
         )
     elif vendor == "sqlite" and update_returning:
         blind_write = update_blind("%s")

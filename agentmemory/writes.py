@@ -278,7 +278,7 @@ class WritePath:
         expected, vector = change.expected_version, change.vector
         name = named(vector)
         postgres = connection.vendor == "postgresql"
-        if postgres and expected is None and statements.upsert_write is not None:
+        if expected is None and statements.upsert_write is not None:  # PostgreSQL
             sql = statements.upsert_write
             params = [session_id, key, text, at, at, until, vector, name, at]
         else:
