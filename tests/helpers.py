@@ -63,6 +63,19 @@ def inject_errors(
         yield hit
 
 
+@contextmanager
+def statements_sent() -> Iterator[list[str]]:
+    """Every statement this thread's connection sends inside the block (an execute wrapper)."""
+    sent: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield sent
+
+
 def is_write_statement(sql: str) -> bool:
     """INSERT, UPDATE, or a CTE that writes (PostgreSQL's one-statement remember)."""
     upper = sql.lstrip().upper()

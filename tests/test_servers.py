@@ -16,7 +16,7 @@ from agentmemory.models import Memory, MemoryVersion
 from agentmemory.vendors import kill_connection, server_connection_id
 
 from .conftest import redis_alias
-from .helpers import inject_errors, inserts_a_version
+from .helpers import inject_errors, inserts_a_version, statements_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,16 +57,11 @@ def statements_of_an_overwrite(store) -> int:
     CTE), 2 on SQLite (UPDATE ... RETURNING, INSERT), 3 on the MySQL family (SELECT ... FOR
     UPDATE, UPDATE, INSERT)."""
     store.remember("count", "k", 1)
-    sent: list[str] = []
-
-    def count(execute, sql, params, many, context):
-        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "WITH")):
-            sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count):
+    with statements_sent() as sent:
         store.remember("count", "k", 2)
-    return len(sent)
+    return sum(
+        sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "WITH")) for sql in sent
+    )
 
 
 def test_each_transient_error_is_retried_on_every_statement_of_a_write(store, vendor):

@@ -13,22 +13,16 @@ from agentmemory import MemoryStore
 from agentmemory.models import Memory
 from agentmemory.sql import build_statements, run, statements_for, updates_return_rows
 
+from .helpers import statements_sent
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_an_execute_wrapper_sees_every_statement_of_the_hot_paths():
     store = MemoryStore(cache=None)
-    seen: list[str] = []
-
-    def wrapper(execute, sql, params, many, context):
-        seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        store.remember("s", "k", {"n": 1})  # a new key: the locked path
-        store.remember(
-            "s", "k", {"n": 2}
-        )  # an overwrite: the one-statement path where there is one
+    with statements_sent() as seen:
+        store.remember("s", "k", {"n": 1})  # a new key: the locked path (one statement on PG)
+        store.remember("s", "k", {"n": 2})  # an overwrite: the one-statement path, if any
         store.forget("s", "k")
         assert store.recall("s", "k") is None
     assert any("agentmemory_memoryversion" in sql.lower() for sql in seen)
@@ -114,13 +108,7 @@ def test_a_new_keys_first_write_is_one_statement_on_postgresql():
     row gets version 1 and its history in the same statement (no placeholder row, no lock
     round trip), and the next write of it is one statement too."""
     store = MemoryStore(cache=None)
-    sent: list[str] = []
-
-    def count(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count):
+    with statements_sent() as sent:
         first = store.remember("s", "new", {"n": 1}, ttl=60)
         second = store.remember("s", "new", {"n": 2})
     assert len(sent) == 2, sent
@@ -158,13 +146,7 @@ def test_the_locked_path_appends_in_one_statement_on_postgresql():
     the key wait one round trip less."""
     store = MemoryStore(cache=None)
     store.remember("s", "k", {"n": 1})
-    sent: list[str] = []
-
-    def count(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count):
+    with statements_sent() as sent:
         updated = store.update("s", "k", lambda v: {"n": v["n"] + 1})
         assert store.forget("s", "k")
     assert [sql.split()[0].upper() for sql in sent] == ["SELECT", "WITH", "SELECT", "WITH"], sent
