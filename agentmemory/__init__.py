@@ -11,6 +11,7 @@ from .errors import (
     EmbeddingFailed,
     InvalidMemory,
     MemoryUnavailable,
+    ReentrantWrite,
     VersionConflict,
     VersionPruned,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "MemoryStore",
     "MemoryUnavailable",
     "MemoryVersionRecord",
+    "ReentrantWrite",
     "ScoredMemory",
     "VersionConflict",
     "VersionPruned",

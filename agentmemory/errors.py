@@ -26,7 +26,26 @@ class InvalidMemory(AgentMemoryError, ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        #: What was wrong, without the field's name.
+        self.message = message
         super().__init__(f"{field}: {message}")
+
+
+class ReentrantWrite(InvalidMemory):
+    """A write to the store was called from inside a write of the same database -- from the
+    ``fn`` of :meth:`~agentmemory.MemoryStore.update` (or the LangGraph adapter's ``modify``),
+    which runs under a row lock inside the outer write's transaction. Raised before the inner
+    call sends any statement; the outer write then fails too, and nothing of either is written.
+    Compute the value in ``fn``; write other keys after ``update`` returns, or together with
+    ``remember_many``."""
+
+    def __init__(self, using: str) -> None:
+        super().__init__(
+            "fn",
+            f"a store write on database {using!r} was called inside a write of the same "
+            "database (update's fn runs under the row lock: it must only compute the new "
+            "value); nothing was written",
+        )
 
 
 class VersionPruned(AgentMemoryError, LookupError):

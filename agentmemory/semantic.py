@@ -33,6 +33,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .errors import EmbeddingFailed, InvalidMemory
+from .validation import INDEX_TEXTS_MAX
 
 #: Fields of a value that a filter may name: letters, digits, ``_``, ``.``, ``-``.
 FILTER_FIELD = re.compile(r"^[a-zA-Z0-9_.-]+$")
@@ -102,6 +103,14 @@ class Index:
         """The stored form of each value's vectors -- one embedder call for all of them; None
         for a value with no text to index."""
         texts_of = [self.texts(value, fields) for value in values]
+        for texts in texts_of:
+            if len(texts) > INDEX_TEXTS_MAX:
+                raise InvalidMemory(
+                    "index",
+                    f"the value has {len(texts)} texts to embed at "
+                    f"{list(fields or self.fields)}, over the limit of {INDEX_TEXTS_MAX} per "
+                    "value (each is a vector stored with every version); index fewer paths",
+                )
         flat = [text for texts in texts_of for text in texts]
         if not flat:
             return [None] * len(values)
@@ -362,22 +371,27 @@ def index_problems(embed: Any, dims: Any, fields: Any, timeout: Any) -> list[str
 
 
 def parse_path(path: Any) -> tuple[str, ...]:
-    """``"items[*].text"`` -> ``("items", "[*]", "text")``; ``"$"`` -> ``()``."""
+    """``"items[*].text"`` -> ``("items", "[*]", "text")``; ``"$"`` -> ``()``. JSONPath's own
+    spelling is accepted too: ``"$.items[*].text"`` is ``"items[*].text"``."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"a path must be a non-empty str, got {path!r}")
     if path == "$":
         return ()
+    text = path
+    if path.startswith(("$.", "$[")):
+        text = path[2:] if path[1] == "." else path[1:]
     tokens = []
     at = 0
-    for match in _PATH_TOKEN.finditer(path):
-        between = path[at : match.start()]
+    for match in _PATH_TOKEN.finditer(text):
+        between = text[at : match.start()]
         if between not in ("", ".") or (between == "." and not tokens):
-            raise ValueError(f"{path!r} is not a JSON path (a.b, a[0], a[*].b)")
+            break
         tokens.append(f"[{match.group(1)}]" if match.group(1) else match.group(2))
         at = match.end()
-    if at != len(path) or not tokens:
-        raise ValueError(f"{path!r} is not a JSON path (a.b, a[0], a[*].b)")
-    return tuple(tokens)
+    else:
+        if at == len(text) and tokens:
+            return tuple(tokens)
+    raise ValueError(f"{path!r} is not a JSON path ($, a.b, a[0], a[*].b, $.a.b)")
 
 
 def _as_text(value: Any) -> str:

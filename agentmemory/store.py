@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Q
 from django.db.models.functions import Lower
 
@@ -204,7 +204,13 @@ class MemoryStore:
             )
         ttl = self._check_ttl(ttl)
         fields = self._check_index(index)
-        checked = {validation.check_key(key): self._check_value(v) for key, v in items.items()}
+        checked = {}
+        for key, value in items.items():
+            key = validation.check_key(key)
+            try:
+                checked[key] = self._check_value(value)
+            except InvalidMemory as error:
+                raise InvalidMemory(error.field, f"of key {key!r}: {error.message}") from None
         vectors = self._indexing(fields, list(checked.values()))
         changes = {
             key: Change(
@@ -329,27 +335,7 @@ class MemoryStore:
         """Delete every row and every version of the session, irreversibly: for data-erasure
         requests and throw-away sessions (memcheck's). Returns the number of memories deleted."""
         session_id = validation.check_session_id(session_id)
-
-        def erase(_retry: bool) -> int:
-            connection = connections[self.using]
-            keys = list(
-                self._memories().filter(session_id=session_id).values_list("key", flat=True)
-            )
-            # Plain DELETE statements: nothing stored is read or decoded, so no value, however
-            # it was written, can stop an erasure.
-            with connection.cursor() as cursor:
-                for statement in statements_for(connection).erase_session:
-                    cursor.execute(statement, [session_id])
-            if self.cache is not None and keys and Defect.ERASE_LEAVES_CACHE not in self.defects:
-                cache = self.cache
-                transaction.on_commit(lambda: cache.erased(session_id, keys), using=self.using)
-            return len(keys)
-
-        return self._retrier.run(lambda retry: self._atomic(erase, retry))
-
-    def _atomic(self, work: Callable[[bool], T], retry: bool) -> T:
-        with transaction.atomic(using=self.using):
-            return work(retry)
+        return self._writes.erase(session_id)
 
     # ------------------------------------------------------------------ reads
 
@@ -523,20 +509,24 @@ class MemoryStore:
             # The memory's id first (the unique index): the page is then a range of the
             # (memory, version) index from a constant memory -- a join let MariaDB walk the
             # versions down from the newest (a page half-way down 1M versions took 381 ms).
-            memory_id = (
+            found = (
                 self._memories()
                 .filter(session_id=session_id, key=key)
-                .values_list("id", flat=True)
+                .values_list("id", "version")
                 .first()
             )
-            if memory_id is None:
+            if found is None:
                 return []
+            memory_id, current = found
             page = MemoryVersion.objects.using(self.using).filter(memory_id=memory_id)
             if before_version is not None:
                 # Versions have no gap (semantic 1), so the page is exactly the `limit` versions
                 # below before_version: a bounded range, which every backend reads in `limit`
                 # rows (MariaDB otherwise walked half a million to find a page half-way down).
-                page = page.filter(version__lt=before_version, version__gte=before_version - limit)
+                # A before_version past the newest means "from the newest" (read under the
+                # same statement's snapshot as the row: a version written since is not in it).
+                below = min(before_version, current + 1)
+                page = page.filter(version__lt=below, version__gte=below - limit)
             ordered = page.order_by("-version").values_list(*fields)[:limit]
             return [MemoryVersionRecord(*row) for row in ordered]
 

@@ -23,18 +23,33 @@ TTL_MAX_SECONDS = 100 * 365 * 24 * 3600
 MAX_DEPTH = 30
 #: Largest ``batch`` of ``purge_expired`` (one query reads that many rows).
 BATCH_MAX = 100_000
+#: The largest version number (the columns are unsigned 63-bit integers on every backend):
+#: ``expected_version``, ``version``, ``before_version`` above it are refused.
+VERSION_MAX = 2**63 - 1
+#: Most texts one value may have embedded (the paths of ``index=`` / ``FIELDS`` can match a
+#: whole list): each is a vector of DIMS floats stored on the live row and on the version.
+INDEX_TEXTS_MAX = 256
 #: Bidirectional-text controls: they make an id display as another ("live" reads "evil") in the
-#: admin, logs and terminals. Other format characters (zero-width joiners in emoji) are allowed.
+#: admin, logs and terminals.
 BIDI_CONTROLS = frozenset(
     "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 )
+_ZWNJ, _ZWJ = "\u200c", "\u200d"
+_TAG_BASE, _TAG_END = "\U0001f3f4", "\U000e007f"
 
 
 def visible(text: str) -> str:
-    """``text`` with its bidirectional-text controls spelled out (``\\u202e``)."""
-    if not any(char in BIDI_CONTROLS for char in text):
+    """``text`` with every character an id may not hold spelled out (``\\u202e``): the admin,
+    ``str()`` of a row and error messages show ids stored before a rule existed as they are."""
+    if _forbidden_character(text) is None:
         return text
-    return "".join(f"\\u{ord(c):04x}" if c in BIDI_CONTROLS else c for c in text)
+    return "".join(
+        _escaped(c) if _refused_at(text, at) is not None else c for at, c in enumerate(text)
+    )
+
+
+def _escaped(char: str) -> str:
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
 
 
 def _check_name(field: str, text: Any, limit: int, *, minimum: int = 1) -> str:
@@ -52,16 +67,74 @@ def _check_name(field: str, text: Any, limit: int, *, minimum: int = 1) -> str:
 def _forbidden_character(text: str) -> str | None:
     """What is wrong with the characters of an id, or None. Cached: an agent recalls the same
     few ids over and over, and the scan was a tenth of a ``recall`` from SQLite."""
-    for position, char in enumerate(text):
-        # Cc: control characters (NUL, newline, DEL...); Cs: lone surrogates no database stores.
-        if unicodedata.category(char) in ("Cc", "Cs"):
-            return f"must not contain control characters (found {char!r} at {position})"
-        if char in BIDI_CONTROLS:
-            return (
-                f"must not contain bidirectional-text controls (found U+{ord(char):04X} at "
-                f"{position})"
-            )
+    if text.isascii():
+        if text.isprintable():
+            return None
+    elif not unicodedata.is_normalized("NFC", text):
+        # Refused, not normalized: a store that rewrote ids would hand back records whose key is
+        # not the one asked for (a dict of recall_many results would miss it).
+        return (
+            "must be in Unicode normalization form NFC (the same text can be written with "
+            "combining characters, and the two would be two ids that display alike): pass "
+            "unicodedata.normalize('NFC', text)"
+        )
+    for position in range(len(text)):
+        problem = _refused_at(text, position)
+        if problem is not None:
+            return problem
     return None
+
+
+def _refused_at(text: str, at: int) -> str | None:
+    """Why the character at ``at`` may not stand there, or None. Refused: control characters,
+    lone surrogates, line and paragraph separators, bidirectional-text controls, and every other
+    invisible format character (zero-width space, soft hyphen, word joiner, BOM, tag
+    characters...) -- each makes an id display as another -- except where text needs them: a
+    zero-width joiner between two symbols (emoji sequences), a zero-width non-joiner after a
+    letter of a script that uses it (Persian, Indic), tag characters in an emoji flag."""
+    char = text[at]
+    category = unicodedata.category(char)
+    if category == "Cc":
+        return f"must not contain control characters (found {char!r} at {at})"
+    if category == "Cs":
+        return f"must not contain lone surrogates (found U+{ord(char):04X} at {at})"
+    if char in BIDI_CONTROLS:
+        return f"must not contain bidirectional-text controls (found U+{ord(char):04X} at {at})"
+    if category in ("Zl", "Zp"):
+        return f"must not contain line or paragraph separators (found U+{ord(char):04X} at {at})"
+    if category != "Cf" or _format_character_allowed(text, at):
+        return None
+    name = unicodedata.name(char, "a format character")
+    return (
+        f"must not contain invisible format characters (found U+{ord(char):04X} {name} at {at}): "
+        "they make an id display as another"
+    )
+
+
+def _format_character_allowed(text: str, at: int) -> bool:
+    char = text[at]
+    before = text[at - 1] if at else ""
+    after = text[at + 1] if at + 1 < len(text) else ""
+    if char == _ZWJ:
+        # 👨\u200d👩: the previous symbol may carry a variation selector or a skin tone.
+        base = text[at - 2] if before in ("\ufe0f", "\ufe0e") and at >= 2 else before
+        return _is_symbol(base) and _is_symbol(after)
+    if char == _ZWNJ:
+        return bool(before) and unicodedata.category(before) in ("Lo", "Mn", "Mc")
+    if "\U000e0020" <= char <= _TAG_END:
+        # 🏴 + tag letters + CANCEL TAG (the flags of England, Scotland, Wales).
+        start = at
+        while start and "\U000e0020" <= text[start - 1] <= "\U000e007e":
+            start -= 1
+        end = at
+        while end + 1 < len(text) and "\U000e0020" <= text[end] <= "\U000e007e":
+            end += 1
+        return start > 0 and text[start - 1] == _TAG_BASE and text[end] == _TAG_END
+    return False
+
+
+def _is_symbol(char: str) -> bool:
+    return bool(char) and unicodedata.category(char) in ("So", "Sk")
 
 
 def check_session_id(session_id: Any) -> str:
@@ -83,13 +156,15 @@ def check_idempotency_key(idempotency_key: Any) -> str | None:
     return _check_name("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX)
 
 
-def check_version(field: str, version: Any, *, minimum: int, maximum: int | None = None) -> int:
+def check_version(field: str, version: Any, *, minimum: int, maximum: int = VERSION_MAX) -> int:
+    """An int from ``minimum`` to ``maximum`` (default :data:`VERSION_MAX`, the columns' range:
+    a larger one would overflow the driver's integer before any query)."""
     if isinstance(version, bool) or not isinstance(version, int):
         raise InvalidMemory(field, f"must be an int, got {type(version).__name__}")
     if version < minimum:
         raise InvalidMemory(field, f"must be >= {minimum}, got {version}")
-    if maximum is not None and version > maximum:
-        raise InvalidMemory(field, f"must be <= {maximum}, got {version}")
+    if version > maximum:
+        raise InvalidMemory(field, f"must be <= {maximum}, got {_short(version)}")
     return version
 
 

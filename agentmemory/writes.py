@@ -10,11 +10,13 @@ whole by :class:`~agentmemory.retries.Retrier`. ``remember``, ``update``, ``reve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,7 +28,7 @@ from .cache import MemoryCache
 from .conf import get_config
 from .defects import NONE as NO_DEFECTS
 from .defects import Defect, Defects, failpoint_after_first_key
-from .errors import InvalidMemory, VersionConflict
+from .errors import InvalidMemory, ReentrantWrite, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
@@ -96,7 +98,50 @@ class WritePath:
     def write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         """Apply ``changes`` in one transaction, locking rows in sorted key order (so writers of
         overlapping key sets cannot deadlock each other), retried as a whole. Returns, per key,
-        the new :class:`MemoryRecord` (writes), True (retired), or None (nothing to do)."""
+        the new :class:`MemoryRecord` (writes), True (retired), or None (nothing to do).
+        Raises :class:`ReentrantWrite` when called from inside another write of this database
+        on this thread (an ``update``'s ``fn``), before any statement."""
+        with self._only_write():
+            return self._write_all(session_id, changes)
+
+    @contextlib.contextmanager
+    def _only_write(self) -> Iterator[None]:
+        """One write of a database at a time on a thread: a write started under another's row
+        lock (from ``fn``) would run in its transaction, where nothing can be retried, and
+        collide with its rows (the inner version is the outer's next one)."""
+        writing = _writing.__dict__.setdefault("aliases", set())
+        if self.using in writing:
+            raise ReentrantWrite(self.using)
+        writing.add(self.using)
+        try:
+            yield
+        finally:
+            writing.discard(self.using)
+
+    def erase(self, session_id: str) -> int:
+        """Delete every row and version of the session (plain DELETE statements: nothing stored
+        is read or decoded, so no value, however it was written, can stop an erasure), and the
+        Redis entries of its keys after the commit. Returns the number of memories deleted."""
+
+        def attempt(_retry: bool) -> int:
+            connection = connections[self.using]
+            keys = list(
+                Memory.objects.using(self.using)
+                .filter(session_id=session_id)
+                .values_list("key", flat=True)
+            )
+            with connection.cursor() as cursor:
+                for statement in statements_for(connection).erase_session:
+                    cursor.execute(statement, [session_id])
+            if self.cache is not None and keys and Defect.ERASE_LEAVES_CACHE not in self.defects:
+                cache = self.cache
+                transaction.on_commit(lambda: cache.erased(session_id, keys), using=self.using)
+            return len(keys)
+
+        with self._only_write():
+            return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+
+    def _write_all(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         if len(changes) > 1 and Defect.NON_ATOMIC_MANY in self.defects:
             results: dict[str, Any] = {}
             for key in sorted(changes):
@@ -438,10 +483,13 @@ class WritePath:
             Memory.objects.using(self.using).filter(id=memory_id).update(history_from=cutoff)
             return pruned
 
-        return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+        with self._only_write():
+            return self.retrier.run(lambda retry: self._atomic(attempt, retry))
 
 
 _LOCKED: Any = object()
+#: The database aliases this thread is writing to now (``WritePath._only_write``).
+_writing = threading.local()
 
 
 def named(vector: bytes | None) -> int | None:

@@ -124,3 +124,48 @@ def test_last_read_source_follows_every_kind_of_read(store):
     store.recall("s", "k")
     store.recall_many("s", prefix="k")
     assert store.last_read_source == "database"
+
+
+def reentrant_calls(store):
+    """Store writes that an ``update``'s ``fn`` might make: each is refused."""
+    return {
+        "remember": lambda: store.remember("s", "k", "inner"),
+        "remember other key": lambda: store.remember("s", "other", "inner"),
+        "update": lambda: store.update("s", "k", lambda v: "inner"),
+        "forget": lambda: store.forget("s", "k"),
+        "remember_many": lambda: store.remember_many("s", {"a": 1}),
+        "erase_session": lambda: store.erase_session("s"),
+        "a second store": lambda: MemoryStore(cache=None).remember("s", "k", "inner"),
+    }
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "remember",
+        "remember other key",
+        "update",
+        "forget",
+        "remember_many",
+        "erase_session",
+        "a second store",
+    ],
+)
+def test_a_write_from_inside_update_fn_is_refused_and_nothing_is_written(store, call):
+    from agentmemory import InvalidMemory, ReentrantWrite
+    from agentmemory.models import Memory, MemoryVersion
+
+    store.remember("s", "k", "before")
+    inner = reentrant_calls(store)[call]
+
+    def fn(old):
+        inner()
+        return "outer"
+
+    with pytest.raises(ReentrantWrite) as error:
+        store.update("s", "k", fn)
+    assert isinstance(error.value, InvalidMemory) and error.value.field == "fn"
+    assert store.recall("s", "k").value == "before"
+    assert MemoryVersion.objects.count() == 1 and Memory.objects.count() == 1
+    # The store is not left thinking it is still writing.
+    assert store.remember("s", "k", "after").version == 2

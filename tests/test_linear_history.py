@@ -117,6 +117,14 @@ def test_a_history_page_is_not_shifted_by_versions_written_meanwhile(store):
     assert len(store.history("s", "k", before_version=3)) == 2  # a page of up to 100
 
 
+@pytest.mark.parametrize("before", [10, 11, 12, 20, 2**62])
+def test_a_page_before_a_version_past_the_newest_is_the_newest_page(store, before):
+    for i in range(9):
+        store.remember("s", "k", i)
+    page = store.history("s", "k", limit=5, before_version=before)
+    assert [h.version for h in page] == [9, 8, 7, 6, 5]
+
+
 @pytest.mark.parametrize(
     ("arguments", "field"),
     [

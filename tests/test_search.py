@@ -426,3 +426,45 @@ def test_the_search_ignores_expiry_defect_returns_an_expired_memory(memory_clock
     memory_clock.advance(61)
     assert broken.recall("s", "short") is None
     assert [r.key for r in broken.search("s", "cat")] == ["short"]
+
+
+def test_a_value_with_more_texts_than_the_limit_is_refused_before_anything_is_written(cache):
+    from agentmemory.validation import INDEX_TEXTS_MAX
+
+    store = make(cache, fields=["items[*]"])
+    too_many = {"items": ["a"] * (INDEX_TEXTS_MAX + 1)}
+    for call in (
+        lambda: store.remember("s", "k", too_many),
+        lambda: store.remember_many("s", {"k": too_many}),
+        lambda: store.update("s", "k", lambda _old: too_many),
+        lambda: store.remember("s", "k", {"other": ["a"] * 70_000}, index=["other[*]"]),
+    ):
+        with pytest.raises(InvalidMemory, match=f"over the limit of {INDEX_TEXTS_MAX}") as error:
+            call()
+        assert error.value.field == "index"
+    assert not Memory.objects.exists() and not MemoryVersion.objects.exists()
+    assert store.remember("s", "k", {"items": ["a"] * INDEX_TEXTS_MAX}).version == 1
+
+
+@pytest.mark.parametrize(
+    ("spelled", "plain"), [("$.text", "text"), ("$.notes[*].body", "notes[*].body")]
+)
+def test_jsonpath_spelling_of_a_field_indexes_the_same_texts(cache, spelled, plain):
+    value = {"text": "the cat sat on the mat", "notes": [{"body": "the cat sat on the mat"}]}
+    plain_store, spelled_store = make(cache, fields=[plain]), make(cache, fields=[spelled])
+    plain_store.remember("plain", "k", value)
+    spelled_store.remember("spelled", "k", value)
+    spelled_store.remember("spelled", "per-call", value, index=[spelled])
+    found = spelled_store.search("spelled", "a cat on a mat")
+    assert [r.key for r in found] and all(r.score > 0.5 for r in found)
+    assert found[0].score == pytest.approx(plain_store.search("plain", "a cat on a mat")[0].score)
+
+
+def test_system_check_and_write_path_agree_on_jsonpath_fields(settings):
+    from agentmemory.checks import check_settings
+
+    settings.AGENTMEMORY = {
+        "SEARCH": {"EMBED": HashEmbedder(DIMS), "DIMS": DIMS, "FIELDS": ["$.text", "$..deep"]}
+    }
+    errors = [e for e in check_settings(None) if e.id == "agentmemory.E019"]
+    assert len(errors) == 1 and "'$..deep'" in errors[0].msg and "'$.text'" not in errors[0].msg

@@ -16,9 +16,19 @@ BAD_IDS = [
     ("a\x00b", "control"),
     ("a\nb", "control"),
     ("tab\there", "control"),
-    ("\ud800", "control"),
+    ("\ud800", "lone surrogates"),
     ("live\u202eevil", "bidirectional"),
     ("\u2066isolate", "bidirectional"),
+    # Look-alike ids (each displays as another): NFD beside NFC, invisible format characters,
+    # line separators.
+    ("cafe\u0301", "NFC"),
+    ("zero\u200bwidth", "U\\+200B ZERO WIDTH SPACE"),
+    ("soft\u00adhyphen", "U\\+00AD SOFT HYPHEN"),
+    ("tag\U000e0041", "U\\+E0041 TAG"),
+    ("line\u2028sep", "line or paragraph separators"),
+    ("\ufeffbom", "U\\+FEFF"),
+    ("ad\u200dmin", "ZERO WIDTH JOINER"),
+    ("ad\u200cmin", "ZERO WIDTH NON-JOINER"),
     (42, "must be a str"),
     (None, "must be a str"),
 ]
@@ -212,7 +222,7 @@ def test_values_nested_past_the_limit_are_rejected_whatever_the_stack(store, dep
 @pytest.mark.parametrize(
     ("prefix", "message"),
     [
-        ("\ud800", "control"),
+        ("\ud800", "lone surrogates"),
         ("a\x00", "control"),
         ("a\nb", "control"),
         ("x" * 256, "0 to 255"),
@@ -235,3 +245,68 @@ def test_empty_prefix_means_every_key(store):
 def test_purge_batch_is_bounded(store, batch):
     with pytest.raises(InvalidMemory, match="batch"):
         store.purge_expired(batch=batch)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "café",  # NFC
+        "👨\u200d👩\u200d👧",  # a family: zero-width joiners between emoji
+        "👍🏽\u200d👍",  # with a skin tone
+        "❤\ufe0f\u200d🔥",  # with a variation selector
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian: a zero-width non-joiner after a letter that needs it
+        "🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",  # England's flag
+        "user/42 with spaces",
+    ],
+)
+def test_ids_that_text_needs_are_accepted(store, text):
+    store.remember(text, text, 1)
+    assert store.recall(text, text).value == 1
+
+
+def test_an_nfd_id_and_its_nfc_twin_are_never_two_memories(store):
+    store.remember("café", "k", "nfc")
+    with pytest.raises(InvalidMemory, match="NFC"):
+        store.remember("cafe\u0301", "k", "nfd")
+    assert list(Memory.objects.values_list("session_id", flat=True)) == ["café"]
+
+
+@pytest.mark.parametrize("version", [2**63, 10**30])
+def test_a_version_past_the_columns_range_is_refused_on_every_call(store, version):
+    store.remember("s", "k", 1)
+    calls = [
+        lambda: store.remember("s", "k", 2, expected_version=version),
+        lambda: store.recall("s", "k", version=version),
+        lambda: store.history("s", "k", limit=5, before_version=version),
+        lambda: store.revert("s", "k", version),
+        lambda: store.forget("s", "k", expected_version=version),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidMemory, match=r"<= 9223372036854775807"):
+            call()
+    assert MemoryVersion.objects.count() == 1
+
+
+def test_the_largest_version_is_accepted_as_an_expected_version(store):
+    from agentmemory import VersionConflict
+    from agentmemory.validation import VERSION_MAX
+
+    with pytest.raises(VersionConflict):
+        store.remember("s", "k", 1, expected_version=VERSION_MAX)
+    assert nothing_written()
+
+
+def test_remember_many_names_the_key_whose_value_is_bad(store):
+    with pytest.raises(InvalidMemory, match=r"value: of key 'c': \$ is nan") as info:
+        store.remember_many("s", {"a": 1, "b": 2, "c": math.nan})
+    assert info.value.field == "value"
+    assert nothing_written()
+
+
+def test_the_admin_display_of_a_stored_look_alike_id_spells_its_invisible_characters():
+    from agentmemory.validation import visible
+
+    assert visible("zero\u200bwidth") == "zero\\u200bwidth"
+    assert visible("tag\U000e0041") == "tag\\U000e0041"
+    assert visible("live\u202eevil") == "live\\u202eevil"
+    assert visible("👨\u200d👩") == "👨\u200d👩"  # what an id may hold stays as it is

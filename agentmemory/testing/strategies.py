@@ -10,6 +10,7 @@ that uses agentmemory. Valid values round-trip unchanged on every supported data
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from hypothesis import strategies as st
@@ -26,10 +27,11 @@ __all__ = [
 ]
 
 # Everything but control characters (Cc), lone surrogates (Cs), which no database stores, and
-# the bidirectional-text controls the store refuses in ids (they make one id display as another).
-_NAME_CHARS = st.characters(
-    exclude_categories=("Cc", "Cs"), exclude_characters="".join(sorted(BIDI_CONTROLS))
-)
+# the invisible characters the store refuses in ids (format characters -- bidirectional-text
+# controls among them --, line and paragraph separators: they make one id display as another).
+_NAME_CHARS = st.characters(exclude_categories=("Cc", "Cs", "Cf", "Zl", "Zp"))
+# Characters an id never holds, wherever they stand.
+_REFUSED = [*sorted(BIDI_CONTROLS), "\u200b", "\u00ad", "\ufeff", "\u2060", "\u2028", "\u2029"]
 _TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40)
 # JSON numbers every backend returns unchanged: 53-bit integers, and finite floats below 1e15.
 # PostgreSQL's jsonb keeps numbers as decimals: a float Python writes with an exponent, such as
@@ -39,16 +41,24 @@ _FLOATS = st.floats(min_value=-1e15, max_value=1e15, allow_nan=False, width=64)
 
 
 def session_ids(max_size: int = 32) -> st.SearchStrategy[str]:
-    """Valid session ids: 1..max_size (<= 128) characters, any but control characters and
-    bidirectional-text controls -- including look-alikes such as ``%``, ``_``, trailing spaces
+    """Valid session ids: 1..max_size (<= 128) characters in NFC, any but control characters and
+    invisible format characters -- including look-alikes such as ``%``, ``_``, trailing spaces
     and other cases."""
-    return st.text(_NAME_CHARS, min_size=1, max_size=min(max_size, SESSION_ID_MAX))
+    return _names(min(max_size, SESSION_ID_MAX))
 
 
 def keys(max_size: int = 32) -> st.SearchStrategy[str]:
-    """Valid keys: 1..max_size (<= 255) characters, any but control characters and
-    bidirectional-text controls."""
-    return st.text(_NAME_CHARS, min_size=1, max_size=min(max_size, KEY_MAX))
+    """Valid keys: 1..max_size (<= 255) characters in NFC, any but control characters and
+    invisible format characters."""
+    return _names(min(max_size, KEY_MAX))
+
+
+def _names(limit: int) -> st.SearchStrategy[str]:
+    # In Unicode normalization form NFC, as the store asks (NFC can lengthen a text a little).
+    texts = st.text(_NAME_CHARS, min_size=1, max_size=limit)
+    return texts.map(lambda text: unicodedata.normalize("NFC", text)).filter(
+        lambda text: len(text) <= limit
+    )
 
 
 def json_values(max_leaves: int = 10) -> st.SearchStrategy[Any]:
@@ -70,7 +80,7 @@ def _invalid_names(limit: int) -> st.SearchStrategy[Any]:
         st.builds(
             lambda head, bad, tail: head + bad + tail,
             st.text(_NAME_CHARS, max_size=5),
-            st.characters(categories=("Cc",)) | st.sampled_from(sorted(BIDI_CONTROLS)),
+            st.characters(categories=("Cc",)) | st.sampled_from(_REFUSED) | st.just("e\u0301"),
             st.text(_NAME_CHARS, max_size=5),
         ),
         st.none(),
@@ -81,7 +91,7 @@ def _invalid_names(limit: int) -> st.SearchStrategy[Any]:
 
 def invalid_session_ids() -> st.SearchStrategy[Any]:
     """Session ids the store rejects with ``InvalidMemory`` (empty, too long, control characters,
-    bidirectional-text controls, not a str)."""
+    invisible format characters, not in NFC, not a str)."""
     return _invalid_names(SESSION_ID_MAX)
 
 
