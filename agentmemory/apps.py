@@ -17,9 +17,14 @@ class AgentMemoryConfig(AppConfig):
 
 
 def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """Every new connection: on a Galera node, reads made causal (``AGENTMEMORY["CAUSAL_READS"]``)."""
+    """Every new connection: on a Galera node, reads made causal (``AGENTMEMORY["CAUSAL_READS"]``);
+    lock waits bounded by ``AGENTMEMORY["RETRY"]["DEADLINE"]``."""
     from .conf import get_config
-    from .vendors import make_reads_causal
+    from .vendors import bound_lock_wait, make_reads_causal
 
-    if connection.vendor == "mysql" and get_config()["CAUSAL_READS"]:
+    config = get_config()
+    if connection.vendor == "mysql" and config["CAUSAL_READS"]:
         make_reads_causal(connection)
+    deadline = config["RETRY"].get("DEADLINE")
+    if deadline is not None:
+        bound_lock_wait(connection, deadline)

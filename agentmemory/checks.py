@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -18,166 +20,368 @@ from .vendors import flavor, galera_status, is_galera
 TIDB_MINIMUM = (6, 5)
 
 
-def _check_retry(retry: dict[str, Any]) -> list[Error]:
+def _user() -> Any:
+    return getattr(settings, "AGENTMEMORY", {}) or {}
+
+
+def _config() -> dict[str, Any] | None:
+    """The merged settings, or None when ``AGENTMEMORY`` is not a dict (E021 says so; every
+    other settings check then has nothing to read)."""
+    return get_config() if isinstance(_user(), Mapping) else None
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def _is_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
+def _type_name(value: Any) -> str:
+    return f"{value!r} (a {type(value).__name__})"
+
+
+@register()
+def check_settings_dict(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E021: ``AGENTMEMORY`` is a dict."""
+    user = _user()
+    if isinstance(user, Mapping):
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY is {_short(user)}; it must be a dict of settings.",
+            hint='For example AGENTMEMORY = {"CACHE": "agentmemory"}.',
+            id="agentmemory.E021",
+        )
+    ]
+
+
+@register()
+def check_unknown_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E001: every key of ``AGENTMEMORY`` is a known setting."""
+    user = _user()
+    if not isinstance(user, Mapping):
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY has an unknown setting {name!r}.",
+            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+            id="agentmemory.E001",
+        )
+        for name in sorted(set(user) - set(DEFAULTS), key=str)
+    ]
+
+
+@register()
+def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E002: ``DATABASE`` names an alias of ``DATABASES``."""
+    config = _config()
+    if config is None:
+        return []
+    alias = config["DATABASE"]
+    if isinstance(alias, str) and alias in settings.DATABASES:
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY['DATABASE'] is {alias!r}, which is not in DATABASES.",
+            hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+            id="agentmemory.E002",
+        )
+    ]
+
+
+@register()
+def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E003: ``CACHE`` is None or an alias of ``CACHES``."""
+    config = _config()
+    if config is None or config["CACHE"] is None:
+        return []
+    alias = config["CACHE"]
+    if isinstance(alias, str) and alias in settings.CACHES:
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY['CACHE'] is {alias!r}, which is not in CACHES.",
+            hint="Name a cache alias from CACHES, or None for no cache tier.",
+            id="agentmemory.E003",
+        )
+    ]
+
+
+def _cache_settings() -> tuple[str, dict[str, Any]] | None:
+    """The cache tier's alias and its CACHES entry, when both exist."""
+    config = _config()
+    if config is None or not isinstance(config["CACHE"], str):
+        return None
+    found = settings.CACHES.get(config["CACHE"])
+    return (config["CACHE"], found) if isinstance(found, Mapping) else None
+
+
+@register()
+def check_cache_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E006: the cache tier is a django-redis cache."""
+    cache = _cache_settings()
+    if cache is None or str(cache[1].get("BACKEND", "")).startswith("django_redis."):
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY['CACHE'] is {cache[0]!r}, which is not a django-redis cache.",
+            hint="The cache tier needs Redis through django-redis "
+            "(BACKEND 'django_redis.cache.RedisCache'), or set CACHE to None.",
+            id="agentmemory.E006",
+        )
+    ]
+
+
+@register()
+def check_cache_not_sharded(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E015: the cache tier is one Redis primary, not django-redis' ShardClient."""
+    cache = _cache_settings()
+    if cache is None:
+        return []
+    client_class = (cache[1].get("OPTIONS") or {}).get(
+        "CLIENT_CLASS", "django_redis.client.DefaultClient"
+    )
+    if not str(client_class).endswith("ShardClient"):
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY['CACHE'] is {cache[0]!r}, a sharded django-redis cache: "
+            "an entry, its lease and the fence would live on different servers, and no "
+            "script could keep them consistent.",
+            hint="Give the cache tier one Redis primary (optionally Sentinel-managed: "
+            "django_redis.client.SentinelClient).",
+            id="agentmemory.E015",
+        )
+    ]
+
+
+@register()
+def check_cache_seconds(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E007: ``CACHE_FENCE_SECONDS`` and ``CACHE_MAX_ENTRY_SECONDS`` are seconds > 0."""
+    config = _config()
+    if config is None:
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY[{name!r}] is {_type_name(config[name])}.",
+            hint="Seconds > 0 (an int or a float).",
+            id="agentmemory.E007",
+        )
+        for name in ("CACHE_FENCE_SECONDS", "CACHE_MAX_ENTRY_SECONDS")
+        if not _is_number(config[name]) or not 0 < config[name] < math.inf
+    ]
+
+
+@register()
+def check_cache_protection(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E014: the Redis tier's protection is on."""
+    config = _config()
+    if config is None or config["CACHE"] is None or config["CACHE_PROTECTION"] is True:
+        return []
+    return [
+        Error(
+            "AGENTMEMORY['CACHE_PROTECTION'] is not True: the Redis tier can serve an older "
+            "version than an acknowledged write (after a restart, a failover, or a writer "
+            "that could not reach Redis).",
+            hint="Remove CACHE_PROTECTION from AGENTMEMORY (it exists for memcheck's tests).",
+            id="agentmemory.E014",
+        )
+    ]
+
+
+@register()
+def check_default_ttl(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E004: ``DEFAULT_TTL`` is None or a TTL the store accepts."""
+    config = _config()
+    if config is None:
+        return []
+    try:
+        check_ttl(config["DEFAULT_TTL"])
+    except InvalidMemory as exc:
+        return [
+            Error(
+                f"AGENTMEMORY['DEFAULT_TTL'] is invalid: {exc}",
+                hint="Seconds > 0, or None.",
+                id="agentmemory.E004",
+            )
+        ]
+    return []
+
+
+@register()
+def check_max_value_bytes(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E005: ``MAX_VALUE_BYTES`` is a positive int."""
+    config = _config()
+    if config is None or (_is_int(config["MAX_VALUE_BYTES"]) and config["MAX_VALUE_BYTES"] >= 1):
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY['MAX_VALUE_BYTES'] is {_type_name(config['MAX_VALUE_BYTES'])}.",
+            hint="A positive number of bytes (an int), e.g. 1048576.",
+            id="agentmemory.E005",
+        )
+    ]
+
+
+@register()
+def check_retry(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E008: ``RETRY`` is a dict of known settings."""
+    user = _user()
+    if not isinstance(user, Mapping) or user.get("RETRY") is None:
+        return []
+    retry = user["RETRY"]
+    if not isinstance(retry, Mapping):
+        return [
+            Error(
+                f"AGENTMEMORY['RETRY'] is {_type_name(retry)}; it must be a dict.",
+                hint=f"A dict of {', '.join(sorted(RETRY_KEYS))}, e.g. {{'ATTEMPTS': 12}}.",
+                id="agentmemory.E008",
+            )
+        ]
+    return [
+        Error(
+            f"AGENTMEMORY['RETRY'] has an unknown setting {name!r}.",
+            hint=f"Known settings: {', '.join(sorted(RETRY_KEYS))}.",
+            id="agentmemory.E008",
+        )
+        for name in sorted(set(retry) - RETRY_KEYS, key=str)
+    ]
+
+
+@register()
+def check_retry_values(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """E009: the retry policy's values."""
+    config = _config()
+    if config is None or not isinstance(config["RETRY"], Mapping):
+        return []
+    retry = config["RETRY"]
     problems = []
     attempts = retry.get("ATTEMPTS")
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000:
+    if not _is_int(attempts) or not 1 <= attempts <= 1000:
         problems.append(f"ATTEMPTS is {attempts!r}: an int from 1 to 1000")
     for name in ("BASE_DELAY", "MAX_DELAY"):
         delay = retry.get(name)
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 60:
+        if not _is_number(delay) or not 0 <= delay <= 60:
             problems.append(f"{name} is {delay!r}: seconds from 0 to 60")
+    deadline = retry.get("DEADLINE")
+    if deadline is not None and (not _is_number(deadline) or not 0 < deadline <= 3600):
+        problems.append(f"DEADLINE is {deadline!r}: seconds from 0 to 3600, or None")
     if not isinstance(retry.get("RECONNECT"), bool):
         problems.append(f"RECONNECT is {retry.get('RECONNECT')!r}: True or False")
     return [
         Error(
             f"AGENTMEMORY['RETRY']: {problem}.",
-            hint="See the RETRY defaults in the README's Configuration section.",
+            hint="See the RETRY defaults in the docs' Configuration page.",
             id="agentmemory.E009",
         )
         for problem in problems
     ]
 
 
-def _check_retention(user: dict[str, Any], retention: dict[str, Any]) -> list[Error]:
+@register()
+def check_history_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """E016: the history retention policy."""
-    problems = [f"unknown setting {name!r}" for name in sorted(set(user) - RETENTION_KEYS)]
-    keep_last, keep_days = retention["KEEP_LAST"], retention["KEEP_DAYS"]
-    if keep_last is not None and (
-        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-    ):
+    user = _user()
+    if not isinstance(user, Mapping) or user.get("HISTORY_RETENTION") is None:
+        return []
+    given = user["HISTORY_RETENTION"]
+    hint = "KEEP_LAST (versions per memory) and KEEP_DAYS (days); None keeps everything."
+    if not isinstance(given, Mapping):
+        return [
+            Error(
+                f"AGENTMEMORY['HISTORY_RETENTION'] is {_type_name(given)}; it must be a dict.",
+                hint=hint,
+                id="agentmemory.E016",
+            )
+        ]
+    problems = [
+        f"unknown setting {name!r}" for name in sorted(set(given) - RETENTION_KEYS, key=str)
+    ]
+    keep_last = given.get("KEEP_LAST")
+    keep_days = given.get("KEEP_DAYS")
+    if keep_last is not None and (not _is_int(keep_last) or keep_last < 1):
         problems.append(f"KEEP_LAST is {keep_last!r}: an int >= 1, or None")
-    if keep_days is not None and (
-        isinstance(keep_days, bool) or not isinstance(keep_days, int | float) or keep_days <= 0
-    ):
-        problems.append(f"KEEP_DAYS is {keep_days!r}: days > 0, or None")
+    if keep_days is not None and (not _is_number(keep_days) or not 0 < keep_days <= 36500):
+        problems.append(f"KEEP_DAYS is {keep_days!r}: days from 0 to 36500, or None")
     return [
-        Error(
-            f"AGENTMEMORY['HISTORY_RETENTION']: {problem}.",
-            hint="KEEP_LAST (versions per memory) and KEEP_DAYS (days); None keeps everything.",
-            id="agentmemory.E016",
-        )
+        Error(f"AGENTMEMORY['HISTORY_RETENTION']: {problem}.", hint=hint, id="agentmemory.E016")
         for problem in problems
     ]
 
 
 @register()
+def check_async_threads(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E018: the async twins' pool size."""
+    config = _config()
+    if config is None or (
+        _is_int(config["ASYNC_THREADS"]) and 1 <= config["ASYNC_THREADS"] <= 1024
+    ):
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY['ASYNC_THREADS'] is {config['ASYNC_THREADS']!r}.",
+            hint="The async twins' thread pool size: an int from 1 to 1024 (default 16); "
+            "each thread holds its own database connection.",
+            id="agentmemory.E018",
+        )
+    ]
+
+
+@register()
+def check_causal_reads_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E022: ``CAUSAL_READS`` and ``CACHE_PROTECTION`` are booleans."""
+    config = _config()
+    if config is None:
+        return []
+    return [
+        Error(
+            f"AGENTMEMORY[{name!r}] is {_type_name(config[name])}; it must be True or False.",
+            hint=f"Remove {name} from AGENTMEMORY (the default, True, is the safe one).",
+            id="agentmemory.E022",
+        )
+        for name in ("CAUSAL_READS", "CACHE_PROTECTION")
+        if not isinstance(config[name], bool)
+    ]
+
+
+@register()
+def check_search(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E019 and E020: the semantic index."""
+    config = _config()
+    return [] if config is None else search_errors(config["SEARCH"])
+
+
+#: The settings checks, in the order ``check_settings`` runs them.
+SETTINGS_CHECKS = (
+    check_settings_dict,
+    check_unknown_settings,
+    check_retry,
+    check_retry_values,
+    check_history_retention,
+    check_database_alias,
+    check_cache_alias,
+    check_cache_backend,
+    check_cache_not_sharded,
+    check_cache_seconds,
+    check_cache_protection,
+    check_causal_reads_setting,
+    check_default_ttl,
+    check_async_threads,
+    check_search,
+    check_max_value_bytes,
+)
+
+
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    user = getattr(settings, "AGENTMEMORY", {}) or {}
-    errors = []
-    for name in sorted(set(user) - set(DEFAULTS)):
-        errors.append(
-            Error(
-                f"AGENTMEMORY has an unknown setting {name!r}.",
-                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
-                id="agentmemory.E001",
-            )
-        )
-    for name in sorted(set(user.get("RETRY") or {}) - RETRY_KEYS):
-        errors.append(
-            Error(
-                f"AGENTMEMORY['RETRY'] has an unknown setting {name!r}.",
-                hint=f"Known settings: {', '.join(sorted(RETRY_KEYS))}.",
-                id="agentmemory.E008",
-            )
-        )
-    config = get_config()
-    errors += _check_retry(config["RETRY"])
-    errors += _check_retention(user.get("HISTORY_RETENTION") or {}, config["HISTORY_RETENTION"])
-    if config["DATABASE"] not in settings.DATABASES:
-        errors.append(
-            Error(
-                f"AGENTMEMORY['DATABASE'] is {config['DATABASE']!r}, which is not in DATABASES.",
-                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
-                id="agentmemory.E002",
-            )
-        )
-    if config["CACHE"] is not None and config["CACHE"] not in settings.CACHES:
-        errors.append(
-            Error(
-                f"AGENTMEMORY['CACHE'] is {config['CACHE']!r}, which is not in CACHES.",
-                hint="Name a cache alias from CACHES, or None for no cache tier.",
-                id="agentmemory.E003",
-            )
-        )
-    elif config["CACHE"] is not None and not settings.CACHES[config["CACHE"]].get(
-        "BACKEND", ""
-    ).startswith("django_redis."):
-        errors.append(
-            Error(
-                f"AGENTMEMORY['CACHE'] is {config['CACHE']!r}, which is not a django-redis cache.",
-                hint="The cache tier needs Redis through django-redis "
-                "(BACKEND 'django_redis.cache.RedisCache'), or set CACHE to None.",
-                id="agentmemory.E006",
-            )
-        )
-    if config["CACHE"] is not None and config["CACHE"] in settings.CACHES:
-        client_class = (settings.CACHES[config["CACHE"]].get("OPTIONS") or {}).get(
-            "CLIENT_CLASS", "django_redis.client.DefaultClient"
-        )
-        if client_class.endswith("ShardClient"):
-            errors.append(
-                Error(
-                    f"AGENTMEMORY['CACHE'] is {config['CACHE']!r}, a sharded django-redis cache: "
-                    "an entry, its lease and the fence would live on different servers, and no "
-                    "script could keep them consistent.",
-                    hint="Give the cache tier one Redis primary (optionally Sentinel-managed: "
-                    "django_redis.client.SentinelClient).",
-                    id="agentmemory.E015",
-                )
-            )
-    for name in ("CACHE_FENCE_SECONDS", "CACHE_MAX_ENTRY_SECONDS"):
-        seconds = config[name]
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-            errors.append(
-                Error(
-                    f"AGENTMEMORY[{name!r}] is {seconds!r}.",
-                    hint="Seconds > 0.",
-                    id="agentmemory.E007",
-                )
-            )
-    if config["CACHE"] is not None and not config["CACHE_PROTECTION"]:
-        errors.append(
-            Error(
-                "AGENTMEMORY['CACHE_PROTECTION'] is False: the Redis tier can serve an older "
-                "version than an acknowledged write (after a restart, a failover, or a writer "
-                "that could not reach Redis).",
-                hint="Remove CACHE_PROTECTION from AGENTMEMORY (it exists for memcheck's tests).",
-                id="agentmemory.E014",
-            )
-        )
-    try:
-        check_ttl(config["DEFAULT_TTL"])
-    except InvalidMemory as exc:
-        errors.append(
-            Error(
-                f"AGENTMEMORY['DEFAULT_TTL'] is invalid: {exc}",
-                hint="Seconds > 0, or None.",
-                id="agentmemory.E004",
-            )
-        )
-    threads = config["ASYNC_THREADS"]
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
-        errors.append(
-            Error(
-                f"AGENTMEMORY['ASYNC_THREADS'] is {threads!r}.",
-                hint="The async twins' thread pool size: an int from 1 to 1024 (default 16); "
-                "each thread holds its own database connection.",
-                id="agentmemory.E018",
-            )
-        )
-    errors += search_errors(config["SEARCH"])
-    size = config["MAX_VALUE_BYTES"]
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        errors.append(
-            Error(
-                f"AGENTMEMORY['MAX_VALUE_BYTES'] is {size!r}.",
-                hint="A positive number of bytes, e.g. 1048576.",
-                id="agentmemory.E005",
-            )
-        )
-    return errors
+    """Every check of the ``AGENTMEMORY`` dict (each is also registered on its own)."""
+    return [error for check in SETTINGS_CHECKS for error in check(app_configs, **kwargs)]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT", "CACHE_MB"})
@@ -228,8 +432,9 @@ def search_errors(search: Any) -> list[Error]:
 
 @register()
 def check_database_options(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
-    alias = get_config()["DATABASE"]
-    if alias not in settings.DATABASES:
+    config = _config()
+    alias = None if config is None else config["DATABASE"]
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
         return []
     return database_warnings(alias, settings.DATABASES[alias])
 

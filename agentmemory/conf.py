@@ -6,6 +6,7 @@ Read it through :func:`get_config`; the result is cached and cleared whenever Dj
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -43,8 +44,18 @@ DEFAULTS: dict[str, Any] = {
     # Deadlocks, serialization failures, lock timeouts and lost connections are retried
     # with jittered exponential backoff: attempt n waits random(0, min(MAX_DELAY, BASE_DELAY*2**n)).
     # RECONNECT: a lost connection is reopened and the call retried (False: it fails at once;
-    # memcheck's tests use it to show that the connection-kill fault bites).
-    "RETRY": {"ATTEMPTS": 12, "BASE_DELAY": 0.005, "MAX_DELAY": 0.5, "RECONNECT": True},
+    # memcheck's tests use it to show that the connection-kill fault bites). DEADLINE: seconds
+    # one call may spend, lock waits and retries included, before MemoryUnavailable (None: no
+    # limit but ATTEMPTS); a connection's lock wait is bounded by it at connect (SQLite's busy
+    # timeout, MySQL's innodb_lock_wait_timeout, PostgreSQL's lock_timeout, unless already
+    # shorter), and each retry's lock wait by what is left of it.
+    "RETRY": {
+        "ATTEMPTS": 12,
+        "BASE_DELAY": 0.005,
+        "MAX_DELAY": 0.5,
+        "RECONNECT": True,
+        "DEADLINE": 30.0,
+    },
     # The async twins (aremember, arecall, ..., the LangGraph adapter's abatch) run the store's
     # calls on a pool of this many threads, each with its own database connections: at most
     # this many connections per database for all async callers of the process together.
@@ -63,13 +74,16 @@ RETENTION_KEYS = frozenset(DEFAULTS["HISTORY_RETENTION"])
 
 @cache
 def get_config() -> dict[str, Any]:
+    """The settings, merged over :data:`DEFAULTS` (and ``RETRY``, ``HISTORY_RETENTION`` over
+    theirs). Settings of the wrong type are not read here: the system checks name each one
+    (agentmemory.E021, E008, E016...), and this never raises."""
     user = getattr(settings, "AGENTMEMORY", {}) or {}
+    if not isinstance(user, Mapping):
+        user = {}
     config = {**DEFAULTS, **user}
-    config["RETRY"] = {**DEFAULTS["RETRY"], **(user.get("RETRY") or {})}
-    config["HISTORY_RETENTION"] = {
-        **DEFAULTS["HISTORY_RETENTION"],
-        **(user.get("HISTORY_RETENTION") or {}),
-    }
+    for name in ("RETRY", "HISTORY_RETENTION"):
+        given = user.get(name) or {}
+        config[name] = {**DEFAULTS[name], **(given if isinstance(given, Mapping) else {})}
     return config
 
 

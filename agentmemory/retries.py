@@ -18,7 +18,7 @@ from django.db import DatabaseError, connections
 
 from .conf import get_config
 from .errors import MemoryUnavailable
-from .vendors import Transient, classify
+from .vendors import Transient, classify, lock_wait_at_most
 
 T = TypeVar("T")
 
@@ -45,25 +45,37 @@ class Retrier:
             connection = connections[self.using]
         if connection.in_atomic_block or not self.retry:
             return attempt(False)
+        started = time.monotonic()
         try:
             return attempt(False)  # the first try reads no policy: most calls end here
         except DatabaseError as exc:
             policy = get_config()["RETRY"]
             self._absorb(exc, policy, connection)
             error: BaseException = exc
-        attempts = policy["ATTEMPTS"]
-        for number in range(1, attempts):
-            ceiling = min(policy["MAX_DELAY"], policy["BASE_DELAY"] * 2**number)
-            time.sleep(random.uniform(0, ceiling))
+        attempts, deadline = policy["ATTEMPTS"], policy.get("DEADLINE")
+        number = 1
+        while number < attempts:
+            pause = random.uniform(0, min(policy["MAX_DELAY"], policy["BASE_DELAY"] * 2**number))
+            left = None if deadline is None else deadline - (time.monotonic() - started) - pause
+            if left is not None and left <= 0:
+                break
+            time.sleep(pause)
+            number += 1
             try:
-                return attempt(True)
+                if left is None:
+                    return attempt(True)
+                # The attempt's lock waits end with the call's deadline.
+                with lock_wait_at_most(connection, left):
+                    return attempt(True)
             except DatabaseError as exc:
                 self._absorb(exc, policy, connection)
                 error = exc
+        spent = time.monotonic() - started
         raise MemoryUnavailable(
-            f"database {self.using!r} still failing after {attempts} attempts: {error}",
+            f"database {self.using!r} still failing after {number} attempts in {spent:.1f} s "
+            f"(RETRY: ATTEMPTS {attempts}, DEADLINE {deadline} s): {error}",
             cause=error,
-            attempts=attempts,
+            attempts=number,
         ) from error
 
     def _absorb(self, exc: DatabaseError, policy: dict[str, Any], connection: Any) -> None:

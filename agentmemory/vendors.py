@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import math
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError
@@ -217,6 +220,72 @@ def set_lock_wait(connection: Any, seconds: int) -> None:
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
         elif connection.vendor == "postgresql":
             cursor.execute(f"SET lock_timeout = '{int(seconds)}s'")
+
+
+def bound_lock_wait(connection: Any, seconds: float) -> None:
+    """At connect: make this server session give up on a lock after at most ``seconds``
+    (``AGENTMEMORY["RETRY"]["DEADLINE"]``), unless the server's own wait is shorter. MySQL's
+    default is 50 s (``innodb_lock_wait_timeout``), PostgreSQL's forever (``lock_timeout`` 0).
+    SQLite's is the connection's busy timeout (``OPTIONS["timeout"]``, 5 s unless set)."""
+    if connection.vendor == "sqlite":
+        configured = float(connection.settings_dict["OPTIONS"].get("timeout", 5.0))
+        if configured > seconds:
+            with connection.cursor() as cursor:
+                cursor.execute(f"PRAGMA busy_timeout = {max(1, int(seconds * 1000))}")
+    elif connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET SESSION innodb_lock_wait_timeout = "
+                f"LEAST(@@SESSION.innodb_lock_wait_timeout, {max(1, math.ceil(seconds))})"
+            )
+    elif connection.vendor == "postgresql":
+        limit = max(1, math.ceil(seconds * 1000))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false) FROM pg_settings WHERE name = "
+                "'lock_timeout' AND (setting::bigint = 0 OR setting::bigint > %s)",
+                [f"{limit}ms", limit],
+            )
+
+
+@contextlib.contextmanager
+def lock_wait_at_most(connection: Any, seconds: float) -> Iterator[None]:
+    """Within the block, this session's lock waits last at most ``seconds`` (a retry with
+    that little time left before its call's deadline); then as they were. Outside any
+    transaction (the retries' attempts are)."""
+    connection.ensure_connection()
+    vendor = connection.vendor
+    with connection.cursor() as cursor:
+        if vendor == "sqlite":
+            cursor.execute("PRAGMA busy_timeout")
+            before: Any = cursor.fetchone()[0]
+            cursor.execute(f"PRAGMA busy_timeout = {max(1, min(before, int(seconds * 1000)))}")
+        elif vendor == "mysql":
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            before = cursor.fetchone()[0]
+            cursor.execute(
+                f"SET SESSION innodb_lock_wait_timeout = {max(1, min(int(before), math.ceil(seconds)))}"
+            )
+        elif vendor == "postgresql":
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            before = cursor.fetchone()[0]
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false)", [f"{max(1, int(seconds * 1000))}ms"]
+            )
+    try:
+        yield
+    finally:
+        try:
+            if connection.connection is not None and not connection.in_atomic_block:
+                with connection.cursor() as cursor:
+                    if vendor == "sqlite":
+                        cursor.execute(f"PRAGMA busy_timeout = {int(before)}")
+                    elif vendor == "mysql":
+                        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(before)}")
+                    elif vendor == "postgresql":
+                        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [before])
+        except DatabaseError:
+            connection.close()  # a session left with the short wait would be wrong: a new one
 
 
 # ---------------------------------------------------------------------- MariaDB Galera Cluster

@@ -191,3 +191,76 @@ def test_a_good_search_index_passes(settings):
         }
     }
     assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("agentmemory", "check_id", "named"),
+    [
+        (["CACHE"], "agentmemory.E021", "must be a dict"),
+        ("default", "agentmemory.E021", "must be a dict"),
+        ({"RETRY": 5}, "agentmemory.E008", "must be a dict"),
+        ({"RETRY": {"DEADLINE": 0}}, "agentmemory.E009", "DEADLINE"),
+        ({"RETRY": {"DEADLINE": "30"}}, "agentmemory.E009", "DEADLINE"),
+        ({"HISTORY_RETENTION": "x"}, "agentmemory.E016", "must be a dict"),
+        ({"HISTORY_RETENTION": {"KEEP_DAYS": 10**6}}, "agentmemory.E016", "KEEP_DAYS"),
+        ({"CACHE_FENCE_SECONDS": "1"}, "agentmemory.E007", "CACHE_FENCE_SECONDS"),
+        ({"CACHE_MAX_ENTRY_SECONDS": -1}, "agentmemory.E007", "CACHE_MAX_ENTRY_SECONDS"),
+        ({"CACHE_FENCE_SECONDS": float("inf")}, "agentmemory.E007", "CACHE_FENCE_SECONDS"),
+        ({"MAX_VALUE_BYTES": 1.5}, "agentmemory.E005", "MAX_VALUE_BYTES"),
+        ({"CAUSAL_READS": "no"}, "agentmemory.E022", "CAUSAL_READS"),
+        ({"DATABASE": ["default"]}, "agentmemory.E002", "DATABASE"),
+        ({"CACHE": ["x"]}, "agentmemory.E003", "CACHE"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_errors_and_no_check_raises(
+    settings, agentmemory, check_id, named
+):
+    from django.core.checks import run_checks
+
+    settings.AGENTMEMORY = agentmemory
+    messages = check_settings()
+    assert ids(messages) == [check_id], messages
+    assert named in messages[0].msg
+    # Every registered check (the database ones too) answers: none raises.
+    assert check_id in ids(run_checks(include_deployment_checks=True))
+
+
+def test_a_cache_that_is_not_django_redis_is_an_error(settings):
+    settings.CACHES = {
+        **settings.CACHES,
+        "local": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    }
+    settings.AGENTMEMORY = {"CACHE": "local"}
+    assert ids(check_settings()) == ["agentmemory.E006"]
+
+
+def test_each_settings_check_is_registered_on_its_own():
+    from django.core.checks import registry
+
+    from agentmemory.checks import SETTINGS_CHECKS
+
+    registered = set(registry.registry.get_checks())
+    assert set(SETTINGS_CHECKS) <= registered
+
+
+GALERA_OK = {
+    "binlog_format": "ROW",
+    "innodb_autoinc_lock_mode": "2",
+    "wsrep_local_state_comment": "Synced",
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "causal", "expected"),
+    [
+        (GALERA_OK, True, []),
+        ({**GALERA_OK, "binlog_format": "STATEMENT"}, True, ["agentmemory.E012"]),
+        (GALERA_OK, False, ["agentmemory.E013"]),
+        ({**GALERA_OK, "innodb_autoinc_lock_mode": "1"}, True, ["agentmemory.W003"]),
+        ({**GALERA_OK, "wsrep_local_state_comment": "Joining"}, True, ["agentmemory.W004"]),
+    ],
+)
+def test_galera_node_settings_that_break_a_guarantee_are_reported(status, causal, expected):
+    from agentmemory.checks import galera_errors
+
+    assert ids(galera_errors("node", status, causal)) == expected

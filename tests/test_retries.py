@@ -144,3 +144,61 @@ def test_writes_inside_a_callers_transaction_roll_back_with_it(store):
 )
 def test_sqlite_errors_are_classified(error, kind):
     assert classify(error) is kind
+
+
+@pytest.mark.parametrize("deadline", [1.5])
+def test_a_write_blocked_by_a_held_lock_gives_up_at_the_deadline_and_writes_nothing(
+    settings, deadline
+):
+    """Another connection holds the key's row lock (SQLite: the database's write lock) for
+    longer than the call's deadline: the call raises MemoryUnavailable once the deadline has
+    passed -- not after ATTEMPTS x the lock wait (SQLite's busy timeout is 20 s here, MariaDB's
+    lock wait 50 s, PostgreSQL's forever) -- and nothing is written."""
+    import threading
+    import time
+
+    from django.db import connections, transaction
+
+    from agentmemory.models import Memory
+
+    MemoryStore(cache=None).remember("s", "k", "a")
+    settings.AGENTMEMORY = {"RETRY": {"DEADLINE": deadline}}
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        try:
+            with transaction.atomic():
+                Memory.objects.select_for_update().get(session_id="s", key="k")
+                holding.set()
+                release.wait(120)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert holding.wait(30)
+    outcome = {}
+
+    def write():  # a thread of its own: a connection opened under these settings
+        started = time.monotonic()
+        try:
+            MemoryStore(cache=None).remember("s", "k", "b")
+            outcome["error"] = None
+        except MemoryUnavailable as error:
+            outcome["error"] = error
+        finally:
+            outcome["seconds"] = time.monotonic() - started
+            connections.close_all()
+
+    try:
+        writer = threading.Thread(target=write)
+        writer.start()
+        writer.join(120)
+    finally:
+        release.set()
+        holder.join()
+    assert isinstance(outcome["error"], MemoryUnavailable), outcome
+    assert "DEADLINE 1.5 s" in str(outcome["error"])
+    # Well inside one lock wait of any backend without the deadline (20 s, 50 s, forever).
+    assert deadline - 0.6 <= outcome["seconds"] < deadline + 5, outcome
+    assert [h.value for h in MemoryStore(cache=None).history("s", "k")] == ["a"]
