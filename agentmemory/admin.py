@@ -36,6 +36,7 @@ from .errors import InvalidMemory, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, is_live
 from .records import VALUE_OPS
 from .store import MemoryStore
+from .validation import MAX_DEPTH
 from .vendors import estimated_rows, prefix_filter
 
 #: A filtered changelist counts at most this many rows ("10000+" beyond).
@@ -64,7 +65,12 @@ def _store_for(database: str, cache: str | None) -> MemoryStore:
 
 
 def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (refused by the store): shown escaped
+        return json.dumps(value, indent=2, sort_keys=True)
+    return text
 
 
 def status_of(memory: Memory) -> str:
@@ -96,6 +102,33 @@ def _estimated_rows(queryset: QuerySet) -> int | None:
     return estimated_rows(connections[queryset.db], queryset.model._meta.db_table)
 
 
+#: A search term with more slashes than this is not split at each (an id may hold slashes).
+SEARCH_SPLITS_MAX = 8
+
+
+def search_condition(connection: Any, term: str) -> Q:
+    """The changelist search: ``"exact id"`` in double quotes is that session id exactly,
+    spaces, slashes and all; ``abc*`` the sessions whose id starts with ``abc``; otherwise the
+    session whose id is the term, or -- for each ``/`` in it -- session ``left`` with its keys
+    starting with ``right`` (``user/42/notes`` finds session ``user/42``'s ``notes...`` and
+    session ``user``'s ``42/notes...``). Exact and prefix matches only: each is an index range
+    on every backend, and exact whatever the collation (SQLite's LIKE ignores ASCII case, and a
+    bulk action on the result would then reach other sessions)."""
+    if len(term) >= 2 and term.startswith('"') and term.endswith('"'):
+        return Q(session_id=term[1:-1])
+    term_stripped = term.strip()
+    if not term_stripped:
+        return Q()
+    if term_stripped.endswith("*") and "/" not in term_stripped:
+        return prefix_filter(connection, "session_id", term_stripped[:-1])
+    condition = Q(session_id=term) | Q(session_id=term_stripped)
+    slashes = [at for at, char in enumerate(term_stripped) if char == "/"][:SEARCH_SPLITS_MAX]
+    for at in slashes:
+        session, key = term_stripped[:at], term_stripped[at + 1 :]
+        condition |= Q(session_id=session) & prefix_filter(connection, "key", key)
+    return condition
+
+
 class StatusFilter(admin.SimpleListFilter):
     title = "status"
     parameter_name = "status"
@@ -118,6 +151,31 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 class PrettyJSONField(forms.JSONField):
+    """A JSON value, pretty-printed. Empty is not JSON (``null`` is the JSON for none); a text
+    nested too deep for the parser is an error of the form, never a server error."""
+
+    default_error_messages = {
+        "empty": "Enter a JSON value (null for none): an empty value is not JSON.",
+        "too_deep": f"The value nests arrays/objects deeper than the limit of {MAX_DEPTH}.",
+    }
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise forms.ValidationError(self.error_messages["empty"], code="empty")
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
+
+    def validate(self, value: Any) -> None:
+        """``null`` is a value here (emptiness is refused by :meth:`to_python`)."""
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return forms.fields.InvalidJSONInput(data)
+
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, forms.fields.InvalidJSONInput):
             return value
@@ -139,7 +197,7 @@ class MemoryForm(forms.ModelForm):
     instead of overwritten. The write happens in ``clean`` so that a conflict is a form error."""
 
     value = PrettyJSONField(
-        required=False,
+        required=True,
         widget=forms.Textarea(attrs={"rows": 8, "cols": 100, "class": "vLargeTextField"}),
         help_text="JSON. Saving writes a new version (the old one stays in the history below).",
     )
@@ -147,7 +205,10 @@ class MemoryForm(forms.ModelForm):
 
     class Meta:
         model = Memory
-        fields = ["value"]
+        # The model's field is not bound to the form (ModelAdmin.get_form adds Meta.exclude): the store writes
+        # the value in clean, and the model's own validation (which calls null "blank") must
+        # not run after that write.
+        exclude = ["value"]  # noqa: DJ006 (the admin passes the fieldsets as fields)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -156,6 +217,7 @@ class MemoryForm(forms.ModelForm):
             self.fields["loaded_version"].initial = self.instance.version
             self.initial["value"] = self.instance.value
         self.written = None
+        self.unchanged = False
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -166,6 +228,13 @@ class MemoryForm(forms.ModelForm):
         remaining = None
         if memory.expires_at is not None and memory.expires_at > clock.now():
             remaining = memory.expires_at - clock.now()
+        if (
+            data.get("value") == memory.value
+            and memory.version == loaded
+            and status_of(memory) == "live"
+        ):
+            self.unchanged = True  # the same value again: no new version, nothing logged
+            return data
         try:
             self.written = admin_store().remember(
                 memory.session_id,
@@ -194,8 +263,9 @@ class MemoryAdmin(admin.ModelAdmin):
     list_filter = [StatusFilter, ("updated_at", admin.DateFieldListFilter)]
     search_fields = ["session_id"]
     search_help_text = (
-        "A session id ('abc*' for ids starting with abc); 'session/key' for that session's keys "
-        "starting with key."
+        "A session id ('abc*' for ids starting with abc; '\"an id\"' in quotes for exactly "
+        "that id, spaces and slashes included); 'session/key' for that session's keys starting "
+        "with key."
     )
     ordering = ["session_id", "key"]  # along the unique index: no sort of the table
     paginator = EstimatedCountPaginator
@@ -240,20 +310,7 @@ class MemoryAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        # An exact session id is an index lookup on every backend; a prefix ('abc*') may scan
-        # (MySQL's LIKE BINARY and PostgreSQL's LIKE under a non-C collation skip the index).
-        # Prefixes are exact on every backend (SQLite's LIKE would also match other cases, and a
-        # bulk action on the result would then reach other sessions).
-        connection = connections[queryset.db]
-        session, slash, key = term.partition("/")
-        if slash:
-            return queryset.filter(prefix_filter(connection, "key", key), session_id=session), False
-        if term.endswith("*"):
-            return queryset.filter(prefix_filter(connection, "session_id", term[:-1])), False
-        return queryset.filter(session_id=term), False
+        return queryset.filter(search_condition(connections[queryset.db], search_term)), False
 
     # Ids are isolated from the text around them (<bdi>): a right-to-left character in one cannot
     # reorder the page. Bidirectional-text controls are refused in new ids; old rows may have them.
@@ -373,6 +430,31 @@ class MemoryAdmin(admin.ModelAdmin):
         """The store wrote the new version during validation (``MemoryForm.clean``); the
         admin's own ``save()`` would bypass versioning, so it does nothing here."""
         obj.refresh_from_db()
+        obj.saved_unchanged = form.unchanged  # type: ignore[attr-defined]
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if getattr(obj, "saved_unchanged", False):
+            return None  # nothing was written: nothing to log
+        return super().log_change(request, obj, message)
+
+    def response_change(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        if getattr(obj, "saved_unchanged", False):
+            self.message_user(
+                request,
+                f"Nothing was saved: the value is the same as version {obj.version}'s.",
+                messages.INFO,
+            )
+            return HttpResponseRedirect(request.path)
+        return super().response_change(request, obj)
+
+    def lookup_allowed(self, lookup: str, value: str, request: Any = None) -> bool:
+        """Only the declared filters may come from the query string (``?value__contains=``
+        would be a JSON lookup some backends cannot run, ``?key__regex=`` a scan): anything
+        else is Django's 400, never a 500."""
+        field, _, operator = lookup.partition("__")
+        if field not in {f.name for f in Memory._meta.get_fields()} | {"pk"}:
+            return True  # a list filter's own parameter (status), or what Django ignores
+        return field == "updated_at" and operator in ("gte", "lt", "isnull", "")
 
     def construct_change_message(
         self, request: HttpRequest, form: Any, formsets: Any, add: bool = False

@@ -224,6 +224,7 @@ def _check_json(value: Any) -> None:
                 raise InvalidMemory(
                     "value", f"{path} contains a NUL character, which PostgreSQL cannot store"
                 )
+            _check_encodable(path, item)
             continue
         if isinstance(item, list | tuple | dict):
             if depth >= MAX_DEPTH:
@@ -240,11 +241,27 @@ def _check_json(value: Any) -> None:
                         )
                     if "\x00" in name:
                         raise InvalidMemory("value", f"{path} has a key with a NUL character")
+                    _check_encodable(f"{path} (a key)", name)
                     stack.append((child, f"{path}.{name}", depth + 1))
             else:
                 stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
             continue
         raise InvalidMemory("value", f"{path} is a {type(item).__name__}, which is not JSON")
+
+
+def _check_encodable(path: str, text: str) -> None:
+    """A lone surrogate cannot be encoded as UTF-8 (no database stores it); the message names it
+    by code point, never by the character itself (which no page or log could print)."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidMemory(
+            "value",
+            f"{path} contains a lone surrogate (U+{ord(text[error.start]):04X} at "
+            f"{error.start}), which is not Unicode text",
+        ) from None
 
 
 def encode_value(value: Any, max_bytes: int) -> str:

@@ -338,3 +338,79 @@ def test_a_memorys_page_says_where_its_pruned_history_starts(admin_client, agent
     page = admin_client.get(change_url(memory())).content.decode()
     assert "versions before v4 were pruned" in page
     assert 'id="am-version-5"' in page and 'id="am-version-3"' not in page
+
+
+@pytest.mark.parametrize(
+    ("posted", "message"),
+    [
+        ('"\\ud800"', "lone surrogate (U+D800"),
+        ("[" * 100_000 + "]" * 100_000, "deeper than the limit of 30"),
+        ("[" * 40 + "]" * 40, "deeper than the limit of 30"),
+        ("", "an empty value is not JSON"),
+        ("   \n", "an empty value is not JSON"),
+        ("NaN", "NaN"),
+    ],
+)
+def test_a_value_the_store_refuses_is_a_form_error_never_a_server_error(
+    admin_client, agent, posted, message
+):
+    agent.remember("s", "k", "v1")
+    response = admin_client.post(change_url(memory()), {"value": posted, "loaded_version": 1})
+    page = response.content.decode()  # the page itself encodes (no raw surrogate in it)
+    assert response.status_code == 200
+    assert message in page, page[:3000]
+    assert versions(agent) == [(1, "write")] and not LogEntry.objects.exists()
+
+
+def test_null_typed_as_json_is_a_value(admin_client, agent):
+    agent.remember("s", "k", "v1")
+    response = admin_client.post(change_url(memory()), {"value": "null", "loaded_version": 1})
+    assert response.status_code == 302
+    assert agent.recall("s", "k").value is None
+
+
+def test_saving_an_unchanged_value_writes_nothing_and_says_so(admin_client, agent):
+    agent.remember("s", "k", {"a": 1, "b": [1, 2]})
+    response = admin_client.post(
+        change_url(memory()),
+        {"value": '{"b": [1, 2],\n "a": 1}', "loaded_version": 1},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert "Nothing was saved: the value is the same as version 1" in response.content.decode()
+    assert versions(agent) == [(1, "write")] and not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "query", ["value__contains=x", "key__regex=.*", "value__a=1", "session_id__iregex=x"]
+)
+def test_only_the_declared_filters_come_from_the_query_string(admin_client, agent, query):
+    agent.remember("s", "k", "v1")
+    response = admin_client.get(reverse("admin:agentmemory_memory_changelist") + "?" + query)
+    assert response.status_code == 400
+
+
+def test_the_date_filter_still_comes_from_the_query_string(admin_client, agent):
+    agent.remember("s", "k", "v1")
+    url = reverse("admin:agentmemory_memory_changelist")
+    response = admin_client.get(url, {"updated_at__gte": "2000-01-01"})
+    assert response.status_code == 200 and len(response.context["cl"].result_list) == 1
+
+
+def test_ids_with_slashes_and_spaces_are_found_by_search(admin_client, agent):
+    agent.remember("user/42", "notes", 1)
+    agent.remember("user", "42/other", 2)
+    agent.remember(" spaced", "k", 3)
+    agent.remember("spaced", "k", 4)
+    url = reverse("admin:agentmemory_memory_changelist")
+
+    def rows(q):
+        response = admin_client.get(url, {"q": q})
+        assert response.status_code == 200
+        return sorted((m.session_id, m.key) for m in response.context["cl"].result_list)
+
+    assert rows("user/42") == [("user", "42/other"), ("user/42", "notes")]
+    assert rows('"user/42"') == [("user/42", "notes")]
+    assert rows("user/42/no") == [("user/42", "notes")]
+    assert rows('" spaced"') == [(" spaced", "k")]
+    assert rows(" spaced") == [(" spaced", "k"), ("spaced", "k")]
