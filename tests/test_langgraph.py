@@ -297,3 +297,43 @@ def test_an_index_needs_cosine_and_its_keys():
         AgentMemoryStore(index={"dims": 4, "embed": lambda t: [], "distance_type": "l2"})
     with pytest.raises(ValueError, match="'dims'"):
         AgentMemoryStore(index={"embed": lambda t: []})
+
+
+def test_a_search_page_of_zero_is_empty_and_a_negative_page_is_refused(lg):
+    for i in range(3):
+        lg.put(("docs",), f"k{i}", {"n": i})
+    assert lg.search(("docs",), limit=0) == []
+    assert lg.list_namespaces(limit=0) == []
+    assert [i.key for i in lg.search(("docs",), limit=1, offset=2)] == ["k2"]
+    for page in ({"limit": -1}, {"offset": -1}, {"limit": "2"}):
+        with pytest.raises(ValueError, match=next(iter(page))):
+            lg.search(("docs",), **page)
+        with pytest.raises(ValueError, match=next(iter(page))):
+            lg.list_namespaces(**page)
+
+
+def test_a_semantic_search_page_of_zero_is_empty():
+    ours, _ = semantic_pair()
+    assert ours.search(("docs",), query="cat", limit=0) == []
+    with pytest.raises(ValueError, match="offset"):
+        ours.search(("docs",), query="cat", offset=-1)
+
+
+def test_a_bad_page_in_a_batch_writes_nothing_of_the_batch(lg):
+    from langgraph.store.base import PutOp, SearchOp
+
+    with pytest.raises(ValueError, match="limit"):
+        lg.batch([PutOp(("docs",), "k", {"v": 1}), SearchOp(("docs",), limit=-1)])
+    assert lg.get(("docs",), "k") is None
+
+
+@pytest.mark.parametrize("returned", [None, [("a", 1)], "text", 42])
+def test_modify_whose_fn_returns_no_dict_is_a_clear_error_and_writes_nothing(lg, returned):
+    from agentmemory import InvalidMemory
+
+    lg.put(("docs",), "k", {"v": 1})
+    with pytest.raises(InvalidMemory, match="must return the item's new value, a dict") as error:
+        lg.modify(("docs",), "k", lambda _current: returned)
+    assert error.value.field == "fn"
+    assert lg.get(("docs",), "k").value == {"v": 1}
+    assert len(lg.history(("docs",), "k")) == 1

@@ -141,6 +141,10 @@ class AgentMemoryStore(BaseStore):
                 connection.close_if_unusable_or_obsolete()
 
     def _batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        for op in ops:  # every op's page checked before any op runs: a bad one writes nothing
+            if isinstance(op, SearchOp | ListNamespacesOp):
+                _check_page(op.limit, op.offset)
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
@@ -192,12 +196,20 @@ class AgentMemoryStore(BaseStore):
     ) -> Item:
         """Read-modify-write under the row lock: ``fn(current value or None)`` -> new value.
         Parallel nodes calling this never lose each other's updates."""
+
+        def compute(current: Any) -> dict[str, Any]:
+            new = fn(current)
+            if not isinstance(new, Mapping):
+                raise InvalidMemory(
+                    "fn",
+                    f"must return the item's new value, a dict; it returned {_kind(new)} "
+                    "(nothing was written)",
+                )
+            return dict(new)
+
         with self._released("modify"):
             record = self.store.update(
-                session_of(namespace),
-                key,
-                lambda current: dict(fn(current)),
-                ttl=self._ttl_seconds(ttl),
+                session_of(namespace), key, compute, ttl=self._ttl_seconds(ttl)
             )
         return self._item(namespace, record)
 
@@ -286,6 +298,8 @@ class AgentMemoryStore(BaseStore):
                     "characters, underscores, dots, and hyphens."
                 )
         under = session_of(op.namespace_prefix) if op.namespace_prefix else PREFIX
+        if op.limit == 0:
+            return []
         if op.query:
             return self._semantic_search(op, under)
         rows = self._rows_under(under)
@@ -301,7 +315,7 @@ class AgentMemoryStore(BaseStore):
                 break
         items = []
         refresh = op.refresh_ttl and self.ttl_config.get("refresh_on_read")
-        for row in found[op.offset :]:
+        for row in found[op.offset : op.offset + op.limit]:
             value, created, updated = row.value, row.created_at, row.updated_at
             if refresh and row.expires_at is not None:
                 record = self.store.recall(row.session_id, row.key)
@@ -402,3 +416,15 @@ def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) 
 
 
 __all__ = ["AgentMemoryStore", "index_of", "matches", "namespace_of", "session_of"]
+
+
+def _check_page(limit: Any, offset: Any) -> None:
+    """A search's or namespace listing's page: ``limit`` >= 0 (0: an empty page, as LangGraph's
+    own stores slice), ``offset`` >= 0; anything else is a ValueError naming it."""
+    for name, number in (("limit", limit), ("offset", offset)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise InvalidMemory(name, f"must be an int >= 0, got {number!r}")
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
