@@ -205,3 +205,92 @@ def test_audit_finds_a_diverging_cache_entry_and_an_unpurged_expired_row(store):
     store.cache.client.set(store.cache.entry_key("s", "k"), f"1|{run_id}|planted")
     code, out = run("--audit")
     assert code == 1 and "cache-divergence" in out and "Redis holds v1, the database v2" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--seconds", "0"], "--seconds"),
+        (["--seconds", "-1"], "--seconds"),
+        (["--seconds", "nan"], "--seconds"),
+        (["--workers", "100000"], "at most 512"),
+        (["--processes", "-1"], "--processes"),
+        (["--ops", "0"], "--ops"),
+    ],
+)
+def test_memcheck_refuses_a_bad_budget_before_running(args, named):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=named):
+        call_command("memcheck", *args)
+    assert not Memory.objects.exists()
+
+
+def test_memcheck_refuses_an_unwritable_history_file_before_running(tmp_path):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="cannot write --history") as info:
+        call_command("memcheck", "--history", str(tmp_path / "missing" / "h.jsonl"))
+    assert info.value.returncode == 2
+    assert not Memory.objects.exists()
+
+
+def test_memcheck_bad_arguments_exit_2_from_the_command_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "memcheck", "--seconds", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "--seconds" in done.stderr
+
+
+def test_memcheck_help_states_every_default():
+    from django.core.management.base import BaseCommand
+
+    from agentmemory.management.commands.memcheck import Command
+
+    django_own = {a.dest for a in BaseCommand().create_parser("manage.py", "x")._actions}
+    parser = Command().create_parser("manage.py", "memcheck")
+    for action in parser._actions:  # argparse's listing of the options
+        if action.option_strings and action.dest not in django_own:
+            assert action.help, f"{action.option_strings} has no help"
+            if action.default not in (None, False) and action.dest not in ("workloads", "grace"):
+                assert "default" in action.help, f"{action.option_strings} states no default"
+
+
+def test_the_report_says_how_many_calls_raised_and_why_beside_the_result():
+    from agentmemory.consistency.history import History, Operation
+    from agentmemory.consistency.report import render_text
+    from agentmemory.consistency.runner import RunResult
+    from agentmemory.consistency.workloads import WorkloadConfig
+
+    history = History("r")
+    for i in range(10):
+        op = Operation(f"op{i}", "c0", "remember", "s", "k", 0.0, completed_at=0.1, status="ok")
+        if i < 3:
+            op.status = "info"
+            op.error = (
+                "MemoryUnavailable: database 'default' still failing after 12 attempts in 20.0 s "
+                "(RETRY: ATTEMPTS 12, DEADLINE 30.0 s): database is locked"
+            )
+        history.operations.append(op)
+    result = RunResult(
+        run_id="r",
+        database="default",
+        vendor="sqlite",
+        unsafe=False,
+        config=WorkloadConfig(),
+        history=history,
+        anomalies=[],
+        seconds=1.0,
+    )
+    text = render_text(result)
+    assert "3 of 10 calls raised to their caller" in text
+    assert "3 x MemoryUnavailable: database is locked" in text
+    assert "agentmemory.W001" in text
+    assert text.splitlines()[-1] == "RESULT: no anomaly (3 of 10 calls raised, see above)"
+    assert result.as_dict()["raised"] == {"MemoryUnavailable: database is locked": 3}

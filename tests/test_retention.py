@@ -133,3 +133,14 @@ def test_prune_can_be_limited_to_one_session(store):
             store.remember(session_id, "k", i)
     assert store.prune_history(keep_last=1, session_id="a") == 3
     assert [h.version for h in store.history("b", "k")] == [1, 2, 3, 4]
+
+
+def test_the_command_names_an_unknown_database_and_a_missing_policy():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="unknown database alias 'nope'") as info:
+        call_command("prunehistory", "--database", "nope", "--keep-last", "1")
+    assert info.value.returncode == 2
+    out = StringIO()
+    call_command("prunehistory", "--dry-run", stdout=out)
+    assert "no retention policy is set" in out.getvalue()

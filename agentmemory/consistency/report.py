@@ -65,6 +65,20 @@ def render_text(result: RunResult) -> str:
     for check, meaning in CHECKS.items():
         verdict = f"FAIL {found[check]}" if found[check] else "pass"
         lines.append(f"  {check:<19} {verdict:<8} {meaning}")
+    raised = result.raised
+    calls = sum(1 for op in result.history.operations if op.client != "final")
+    if raised:
+        lines += [
+            "",
+            f"  {sum(raised.values())} of {calls} calls raised to their caller without an "
+            "answer (not anomalies: the store said it could not):",
+            *(f"    {count:>6} x {cause}" for cause, count in raised.most_common(5)),
+        ]
+        if result.vendor == "sqlite" and any("locked" in cause for cause in raised):
+            lines.append(
+                "    SQLite writers that fail with 'database is locked' instead of waiting: see "
+                "system check agentmemory.W001 (OPTIONS transaction_mode IMMEDIATE, timeout)"
+            )
     if result.anomalies:
         lines += [
             "",
@@ -85,7 +99,11 @@ def render_text(result: RunResult) -> str:
                     f"t=[{op['invoked_at']:.4f}, {op['completed_at'] or 0:.4f}]"
                     + (f" error={op['error']}" if op["error"] else "")
                 )
-        lines.append("\nRESULT: anomalies found")
+        lines.append("\nRESULT: anomalies found" + _raised_note(raised, calls))
     else:
-        lines.append("\nRESULT: no anomaly")
+        lines.append("\nRESULT: no anomaly" + _raised_note(raised, calls))
     return "\n".join(lines)
+
+
+def _raised_note(raised: Counter[str], calls: int) -> str:
+    return f" ({sum(raised.values())} of {calls} calls raised, see above)" if raised else ""

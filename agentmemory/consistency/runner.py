@@ -94,6 +94,19 @@ class RunResult:
             counts.setdefault(op.kind, Counter())[op.status or "?"] += 1
         return counts
 
+    @property
+    def raised(self) -> Counter[str]:
+        """The calls that raised to their caller without an answer (MemoryUnavailable, a
+        database error): by error class and cause. Not anomalies -- the store said it could not
+        -- but a run where many did proves little, so the report says how many and why."""
+        causes: Counter[str] = Counter()
+        for op in self.history.operations:
+            if op.status == "info" and op.error and op.client != "final":
+                kind = op.error.split(":", 1)[0]
+                cause = op.error.rsplit(": ", 1)[-1].strip()
+                causes[f"{kind}: {cause[:100]}"] += 1
+        return causes
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -110,6 +123,7 @@ class RunResult:
             "latency_ms": self.latencies,
             "nodes": self.nodes,
             "retries": self.retries,
+            "raised": dict(self.raised.most_common()),
             "cache": self.cache_stats,
             "faults": {
                 "mode": self.faults,

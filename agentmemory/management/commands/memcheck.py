@@ -31,10 +31,39 @@ def workload_list(text: str) -> tuple[str, ...]:
     return chosen
 
 
+#: Most client threads per process (each holds a database connection).
+WORKERS_MAX = 512
+PROCESSES_MAX = 64
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(text)
+    return value
+
+
+def workers(text: str) -> int:
+    value = positive(text)
+    if value > WORKERS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"at most {WORKERS_MAX} client threads per process (each holds a database "
+            "connection); use --processes for more clients"
+        )
+    return value
+
+
+def processes(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= PROCESSES_MAX:
+        raise argparse.ArgumentTypeError(f"from 0 (threads only) to {PROCESSES_MAX}")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds > 0, got {text}")
     return value
 
 
@@ -54,13 +83,23 @@ class Command(BaseCommand):
             "them, each pinned to one node",
         )
         parser.add_argument(
-            "--workers", type=positive, default=8, help="client threads (per process)"
+            "--workers",
+            type=workers,
+            default=8,
+            help=f"client threads per process, 1 to {WORKERS_MAX} (default: %(default)s)",
         )
         parser.add_argument(
-            "--processes", type=int, default=0, help="run the workers in N processes"
+            "--processes",
+            type=processes,
+            default=0,
+            help="run the workers in N processes, each with --workers threads (default: 0, "
+            "threads of this process only)",
         )
         parser.add_argument(
-            "--keys", type=positive, default=3, help="hot keys per family and session"
+            "--keys",
+            type=positive,
+            default=3,
+            help="hot keys per family and session (default: %(default)s)",
         )
         budget = parser.add_mutually_exclusive_group()
         budget.add_argument(
@@ -69,7 +108,9 @@ class Command(BaseCommand):
             default=None,
             help="total operations (default 2000; with --faults, 10 seconds instead)",
         )
-        budget.add_argument("--seconds", type=float, default=None, help="run for S seconds instead")
+        budget.add_argument(
+            "--seconds", type=seconds, default=None, help="run for S seconds (> 0) instead"
+        )
         parser.add_argument(
             "--faults",
             choices=list(FAULTS),
@@ -108,8 +149,19 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="--audit reports live rows expired longer ago than this (default: %(default)s)",
         )
-        parser.add_argument("--format", choices=["text", "json"], default="text")
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--format",
+            choices=["text", "json"],
+            default="text",
+            help="the report on standard output: a table, or JSON (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=0,
+            help="seed of the workload's random choices: the same seed, the same operations "
+            "(default: %(default)s)",
+        )
         parser.add_argument(
             "--history", metavar="FILE", help="save the recorded history as JSON lines"
         )
@@ -124,6 +176,8 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown database alias {alias!r}", returncode=2)
         if len(set(aliases)) != len(aliases) or not all(aliases):
             raise CommandError(f"--database lists an alias twice or empty: {aliases}", returncode=2)
+        if options["history"]:
+            _check_writable(options["history"])
         for alias in aliases:
             self._check_ready(alias)
         database = aliases[0]
@@ -244,8 +298,17 @@ class Command(BaseCommand):
             raise CommandError(
                 f"memcheck could not run on {database!r}: {exc}", returncode=2
             ) from exc
+        except RuntimeError as exc:  # e.g. "can't start new thread": the machine's limits
+            raise CommandError(
+                f"memcheck could not start its clients: {exc} (fewer --workers?)", returncode=2
+            ) from exc
         if options["history"]:
-            result.history.save(options["history"])
+            try:
+                result.history.save(options["history"])
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot write --history {options['history']}: {exc}", returncode=2
+                ) from exc
         self.stdout.write(
             render_json(result) if options["format"] == "json" else render_text(result)
         )
@@ -275,3 +338,12 @@ class Command(BaseCommand):
                 )
         if anomalies:
             raise SystemExit(1)
+
+
+def _check_writable(path: str) -> None:
+    """``--history FILE`` can be written: said before the run, not after it."""
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise CommandError(f"cannot write --history {path}: {exc}", returncode=2) from exc

@@ -8,8 +8,10 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
-from ...errors import InvalidMemory
+from ...conf import get_config
+from ...errors import InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
 
 
@@ -22,16 +24,54 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--database", default=None, help="database alias")
-        parser.add_argument("--keep-last", type=int, default=None, metavar="N")
-        parser.add_argument("--keep-days", type=float, default=None, metavar="D")
-        parser.add_argument("--batch", type=int, default=1000, help="memories per batch")
+        parser.add_argument(
+            "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
+        )
+        parser.add_argument(
+            "--keep-last",
+            type=int,
+            default=None,
+            metavar="N",
+            help="keep the newest N versions of each memory (N >= 1)",
+        )
+        parser.add_argument(
+            "--keep-days",
+            type=float,
+            default=None,
+            metavar="D",
+            help="keep the versions younger than D days (with --keep-last: a version either "
+            "keeps is kept)",
+        )
+        parser.add_argument(
+            "--batch",
+            type=int,
+            default=1000,
+            help="memories per batch, 1 to 100000 (default: %(default)s)",
+        )
         parser.add_argument(
             "--dry-run", action="store_true", help="count what would go; change nothing"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        store = MemoryStore(using=options["database"], cache=None)
+        alias = options["database"]
+        if alias is not None and alias not in connections.settings:
+            raise CommandError(
+                f"unknown database alias {alias!r} (DATABASES has: {', '.join(connections)})",
+                returncode=2,
+            )
+        policy = get_config()["HISTORY_RETENTION"]
+        if (
+            options["keep_last"] is None
+            and options["keep_days"] is None
+            and policy["KEEP_LAST"] is None
+            and policy["KEEP_DAYS"] is None
+        ):
+            self.stdout.write(
+                "prunehistory: no retention policy is set (--keep-last, --keep-days, or "
+                "AGENTMEMORY['HISTORY_RETENTION']): every version is kept, nothing to do"
+            )
+            return
+        store = MemoryStore(using=alias, cache=None)
         started = time.monotonic()
         tty = bool(getattr(self.stderr._out, "isatty", lambda: False)())
 
@@ -51,6 +91,10 @@ class Command(BaseCommand):
             )
         except InvalidMemory as exc:
             raise CommandError(str(exc), returncode=2) from exc
+        except (DatabaseError, MemoryUnavailable) as exc:
+            raise CommandError(
+                f"prunehistory could not run on {store.using!r}: {exc}", returncode=2
+            ) from exc
         if tty:
             sys.stderr.write("\n")
         verb = "would remove" if options["dry_run"] else "removed"
