@@ -20,11 +20,21 @@ def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
     """Every new connection: on a Galera node, reads made causal (``AGENTMEMORY["CAUSAL_READS"]``);
     lock waits bounded by ``AGENTMEMORY["RETRY"]["DEADLINE"]``."""
     from .conf import get_config
+    from .defects import failpoint_session_setup
     from .vendors import bound_lock_wait, make_reads_causal
 
     config = get_config()
-    if connection.vendor == "mysql" and config["CAUSAL_READS"]:
-        make_reads_causal(connection)
-    deadline = config["RETRY"].get("DEADLINE")
-    if deadline is not None:
-        bound_lock_wait(connection, deadline)
+    try:
+        failpoint_session_setup()
+        if connection.vendor == "mysql" and config["CAUSAL_READS"]:
+            make_reads_causal(connection)
+        deadline = config["RETRY"].get("DEADLINE")
+        if deadline is not None:
+            bound_lock_wait(connection, deadline)
+    except BaseException:
+        # Django keeps a connection whose connection_created receiver raised: the next call
+        # would use it without its session settings (on a Galera node: reads that are not
+        # causal, so an idempotent retry could miss its own committed write). Closed instead:
+        # the next call opens a new one and sets it up.
+        connection.close()
+        raise

@@ -116,3 +116,23 @@ def failpoint_after_first_key() -> None:
     if getattr(_armed, "on", False):
         _armed.on = False
         raise InjectedFailure("remember_many failed after its first key (an injected failure)")
+
+
+@contextmanager
+def fail_session_setup() -> Iterator[None]:
+    """Inside this block, the next database connection this thread opens fails while the store
+    sets its session up (causal reads, the lock-wait bound), before any setting is applied --
+    as a SET fails on a Galera node that is still joining. The store must then close that
+    connection: one left open would be used later without its settings."""
+    _armed.session = True
+    try:
+        yield
+    finally:
+        _armed.session = False
+
+
+def failpoint_session_setup() -> None:
+    """Called when a new connection's session is set up, before the first setting."""
+    if getattr(_armed, "session", False):
+        _armed.session = False
+        raise InjectedFailure("the session setup of a new connection failed (an injected failure)")

@@ -202,3 +202,44 @@ def test_a_write_blocked_by_a_held_lock_gives_up_at_the_deadline_and_writes_noth
     # Well inside one lock wait of any backend without the deadline (20 s, 50 s, forever).
     assert deadline - 0.6 <= outcome["seconds"] < deadline + 5, outcome
     assert [h.value for h in MemoryStore(cache=None).history("s", "k")] == ["a"]
+
+
+def lock_wait_of_this_session():
+    """This thread's connection's lock wait, in milliseconds, as its session has it."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("PRAGMA busy_timeout")
+            return cursor.fetchone()[0]
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            return cursor.fetchone()[0] * 1000
+        cursor.execute("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'")
+        return int(cursor.fetchone()[0])
+
+
+def test_a_connection_whose_session_setup_failed_is_never_used(settings):
+    """The session setup of a new connection fails before its first setting (as a SET does on a
+    Galera node that is still joining): the call fails, and the next call runs on a new
+    connection with every setting -- never on the half set-up one."""
+    import threading
+
+    from django.db import connections
+
+    from agentmemory.defects import InjectedFailure, fail_session_setup
+
+    settings.AGENTMEMORY = {"RETRY": {"DEADLINE": 2.0}}
+    seen = {}
+
+    def calls():
+        try:
+            with fail_session_setup(), pytest.raises(InjectedFailure):
+                MemoryStore(cache=None).remember("s", "k", 1)
+            MemoryStore(cache=None).remember("s", "k", 2)
+            seen["lock wait"] = lock_wait_of_this_session()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    thread.join(60)
+    assert seen == {"lock wait": 2000}
