@@ -67,8 +67,8 @@ from django.utils import timezone
 
 from . import clock
 from .conf import get_config
+from .defects import FRACTURED_GAP_SECONDS, SLOW_FILL_SECONDS, Defect, Defects
 from .defects import NONE as NO_DEFECTS
-from .defects import SLOW_FILL_SECONDS, Defect, Defects
 from .errors import MemoryUnavailable
 from .models import MemoryState, PendingInvalidation, is_live
 from .records import MemoryRecord
@@ -115,6 +115,40 @@ if not entry and fence == 1 and string.sub(ARGV[3], 1, 1) == '1' then
   if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then lease = ARGV[1] end
 end
 return {{entry or false, fence, now_ms, lease}}
+"""
+
+# The read of several keys, in one script so that it sees Redis at one instant: a remember_many's
+# tombstones go in in one script (MARK_SCRIPT), so such a read sees all of them or none. KEYS:
+# fence, then each key's entry and lease. ARGV: lease ms, flags as READ_SCRIPT's second ('1':
+# trust only this server's entries), then each key's new lease token and '1' if it may take a
+# lease. Returns {fence present, redis time ms, then each key's trusted entry or false and its
+# lease token or false}.
+READ_MANY_SCRIPT = f"""
+local fence = redis.call('EXISTS', KEYS[1])
+local t = redis.call('TIME')
+local out = {{fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}
+local me = nil
+for i = 1, (#KEYS - 1) / 2 do
+  local entry = redis.call('GET', KEYS[2 * i])
+  if entry then
+    local who, kind = string.match(entry, '^%d+|(%x*)|(.)')
+    if kind == '~' then
+      entry = false
+    elseif ARGV[2] == '1' then
+      me = me or {RUN_ID}
+      if who ~= me then entry = false end
+    end
+  end
+  local lease = false
+  if not entry and fence == 1 and ARGV[2 + 2 * i] == '1' then
+    if redis.call('SET', KEYS[2 * i + 1], ARGV[1 + 2 * i], 'NX', 'PX', ARGV[1]) then
+      lease = ARGV[1 + 2 * i]
+    end
+  end
+  out[#out + 1] = entry or false
+  out[#out + 1] = lease
+end
+return out
 """
 
 # KEYS: entry, lease. ARGV: version, payload, ttl ms, lease token ('' for a write's update).
@@ -330,17 +364,37 @@ class MemoryCache:
         keys = list(keys)
         if not self.available:
             return {}
-        calls = []
         protected = "1" if self.protected else "0"
         fence = self.fence_key
-        for key in keys:
-            entry, lease = self._names(session_id, key)
-            # Bounded: one call fills at most FILLS_PER_CALL keys (a recall_many of thousands of
-            # missing keys must not cache thousands of absences).
-            flags = ("1" if len(calls) < FILLS_PER_CALL else "0") + protected
-            calls.append(([entry, fence, lease], [self._token(), self.lease_ms, flags]))
+        # Bounded: one call fills at most FILLS_PER_CALL keys (a recall_many of thousands of
+        # missing keys must not cache thousands of absences).
+        may_lease = ["1" if at < FILLS_PER_CALL else "0" for at in range(len(keys))]
+        tokens = [self._token() for _ in keys]
         try:
-            replies = self._run(READ_SCRIPT, calls)
+            if len(keys) > 1 and Defect.FRACTURED_READ not in self.defects:
+                names = [name for key in keys for name in self._names(session_id, key)]
+                args = [x for pair in zip(tokens, may_lease, strict=True) for x in pair]
+                ((fence_present, redis_ms, *each),) = self._run(
+                    READ_MANY_SCRIPT, [([fence, *names], [self.lease_ms, protected, *args])]
+                )
+                replies = [
+                    (each[2 * at], fence_present, redis_ms, each[2 * at + 1])
+                    for at in range(len(keys))
+                ]
+            else:  # one key (or the defect: each key by its own script, at its own instant)
+                calls = []
+                for key, token, lease_flag in zip(keys, tokens, may_lease, strict=True):
+                    entry, lease = self._names(session_id, key)
+                    calls.append(
+                        ([entry, fence, lease], [token, self.lease_ms, lease_flag + protected])
+                    )
+                if len(calls) > 1:  # the defect: a round trip per key, a moment apart
+                    replies = []
+                    for call in calls:
+                        replies += self._run(READ_SCRIPT, [call])
+                        time.sleep(FRACTURED_GAP_SECONDS)
+                else:
+                    replies = self._run(READ_SCRIPT, calls)
         except Exception as exc:  # any Redis failure degrades to the database
             self._failed(exc)
             return {}
@@ -391,10 +445,14 @@ class MemoryCache:
         :meth:`read` already answered for these keys (its leases are used for the fills)."""
         if reads is None:
             reads = self.read(session_id, keys)
+        fractured = Defect.FRACTURED_READ in self.defects
         # Another reader holds the fill lease of a hot key: wait (briefly, backing off) for its
-        # fill rather than sending every concurrent miss to the database.
+        # fill rather than sending every concurrent miss to the database. One key only: keys
+        # read again later would be read at another instant than the rest.
         deadline, pause = time.monotonic() + HOT_KEY_WAIT_SECONDS, 0.002
-        while busy := [k for k, r in reads.items() if r.contended]:
+        while (len(keys) == 1 or fractured) and (
+            busy := [k for k, r in reads.items() if r.contended]
+        ):
             if time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
@@ -404,6 +462,13 @@ class MemoryCache:
         missing = [k for k in keys if k not in reads or not reads[k].hit]
         if not missing:
             return found, "cache"
+        if fractured:
+            time.sleep(FRACTURED_GAP_SECONDS)  # the misses read a moment after the hits
+        else:
+            # Read-atomic: one miss and every key is read from the database, in one statement
+            # (one snapshot). Hits of Redis with misses read later would mix two instants: a
+            # remember_many committed in between would be seen on one key and not the other.
+            missing, found = list(keys), {}
         slow_fills = []
         for key, version, record in load(session_id, missing):
             if record is not None:

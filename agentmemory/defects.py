@@ -40,6 +40,7 @@ class Defect(StrEnum):
     NOT_RETRIED = "transient-errors-not-retried"
     STALE_VECTOR = "stale-vector"
     SEARCH_IGNORES_EXPIRY = "search-ignores-expiry"
+    FRACTURED_READ = "fractured-read"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -62,6 +63,8 @@ DESCRIPTIONS = {
     Defect.NOT_RETRIED: "deadlocks, lock timeouts and dropped connections reach the caller",
     Defect.STALE_VECTOR: "an overwrite is indexed by the vectors of the value it replaces",
     Defect.SEARCH_IGNORES_EXPIRY: "search lists memories whose TTL has passed (state only)",
+    Defect.FRACTURED_READ: "recall_many reads its keys from Redis one at a time and only the "
+    "misses from the database, each a moment apart",
 }
 
 #: Defects that live in the Redis tier: without one, there is nothing to break.
@@ -72,12 +75,16 @@ CACHE_DEFECTS = frozenset(
         Defect.EXPIRED_FROM_CACHE,
         Defect.ERASE_LEAVES_CACHE,
         Defect.TRANSACTION_READS_CACHE,
+        Defect.FRACTURED_READ,
     }
 )
 
 #: With FILL_WITHOUT_LEASE: seconds between a reader's database read and its fill (a slow reader:
 #: a GC pause, a busy event loop).
 SLOW_FILL_SECONDS = 0.05
+#: With FRACTURED_READ: seconds between a recall_many's reads of its keys from Redis, and
+#: between those and its database read of the misses (round trips and work between them).
+FRACTURED_GAP_SECONDS = 0.01
 
 
 class Defects(frozenset[Defect]):

@@ -340,3 +340,49 @@ def test_the_put_script_never_rolls_an_entry_back_whatever_the_order(cached):
     assert cached_version() is None
     cache.written("s", {"k": (record(4), 4)})  # the committed version replaces it
     assert cached_version() == 4
+
+
+def loader_of_the_database():
+    """What the store's read-through loads from the database: (key, version, live record)."""
+    plain = MemoryStore(cache=None)
+
+    def load(session_id, keys):
+        found = plain.recall_many(session_id, keys)
+        return [(k, found[k].version if k in found else 0, found.get(k)) for k in keys]
+
+    return load
+
+
+def test_recall_many_through_redis_never_sees_half_of_a_remember_many(cached):
+    """Key a is a hit of v1 in Redis, key b a miss; a remember_many of both commits between the
+    Redis read and the database read: the answer is v1 of both or v2 of both, never a mix."""
+    cached.recall("s", "a")  # the fence
+    cached.remember_many("s", {"a": "v1", "b": "v1"})
+    caches["agentmemory"].client.get_client().delete(cached.cache.entry_key("s", "b"))  # evicted
+    reads = cached.cache.read("s", ["a", "b"])
+    assert reads["a"].hit and not reads["b"].hit
+    cached.remember_many("s", {"a": "v2", "b": "v2"})
+    found, source = cached.cache.read_through("s", ["a", "b"], loader_of_the_database(), reads)
+    assert {k: r.value for k, r in found.items()} == {"a": "v2", "b": "v2"}
+    assert source == "database"
+
+
+def test_a_read_of_several_keys_takes_one_script_at_one_instant(own_redis):
+    """Every key of a recall_many is read from Redis by one script (one instant): a
+    remember_many's tombstones, set by one script too, are seen on all of its keys or none.
+    (A Redis of the test's own: its command statistics are reset.)"""
+    from agentmemory.cache import READ_MANY_SCRIPT, READ_SCRIPT
+
+    cached = MemoryStore(cache="own")
+    cached.recall("s", "a")
+    cached.remember_many("s", {"a": 1, "b": 2, "c": 3})
+    client = cached.cache.client
+    client.execute_command("CONFIG", "RESETSTAT")
+    assert {k: r.record.value for k, r in cached.cache.read("s", ["a", "b", "c"]).items()} == {
+        "a": 1,
+        "b": 2,
+        "c": 3,
+    }
+    calls = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls")
+    assert calls == 1
+    assert READ_MANY_SCRIPT != READ_SCRIPT

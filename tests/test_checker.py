@@ -308,7 +308,13 @@ def test_every_check_has_a_planted_case_here_or_a_database_test():
     # on every database, so it cannot be planted; cache-divergence needs Redis (test_memcheck);
     # list-order has its own test above.
     # all-or-nothing spans keys: its own test below.
-    elsewhere = {"duplicate-row", "cache-divergence", "list-order", "all-or-nothing"}
+    elsewhere = {
+        "duplicate-row",
+        "cache-divergence",
+        "list-order",
+        "all-or-nothing",
+        "fractured-read",
+    }
     assert set(CHECKS) == set(CASES) | elsewhere
 
 
@@ -331,6 +337,49 @@ def test_remember_many_is_stored_on_all_of_its_keys_or_none(status, landed, anom
     ops = [many("m", "many-0", status, error=error), many("m", "many-1", status, error=error)]
     state = {(S, key): stored("m", key=key) for key in landed}
     assert found(ops, state) == anomalies
+
+
+def many_read(call, key, version, token, t0=10, t1=11):
+    """One key's share of a recall_many ``call`` (recorded as ``<call>-<key>``)."""
+    result = w(token, k=key) if token else None
+    return op(
+        f"{call}-{key}", "recall", t0, t1, version=version, result=result, key=key, client="reader"
+    )
+
+
+def two_writes_of_two_keys():
+    """remember_many m1 wrote v1 of many-0 and many-1, then m2 wrote v2 of both."""
+    ops = [many("m1", "many-0", "ok"), many("m1", "many-1", "ok")]
+    ops += [many("m2", "many-0", "ok"), many("m2", "many-1", "ok")]
+    state = {(S, key): stored("m1", "m2", key=key) for key in ("many-0", "many-1")}
+    return ops, state
+
+
+@pytest.mark.parametrize(
+    ("seen", "fractured"),
+    [
+        ({"many-0": (2, "m2"), "many-1": (2, "m2")}, False),
+        ({"many-0": (1, "m1"), "many-1": (1, "m1")}, False),
+        ({"many-0": (2, "m2"), "many-1": (1, "m1")}, True),  # m2 seen on one key only
+        ({"many-0": (1, "m1"), "many-1": (2, "m2")}, True),
+        ({"many-0": (2, "m2"), "many-1": (None, None)}, True),  # absent while m2's value lived
+    ],
+)
+def test_a_recall_many_that_sees_one_key_of_a_remember_many_sees_all(seen, fractured):
+    ops, state = two_writes_of_two_keys()
+    ops += [many_read("rm", key, *got) for key, got in seen.items()]
+    assert (found(ops, state)["fractured-read"] > 0) is fractured
+
+
+def test_a_key_forgotten_before_the_read_completed_may_be_absent_beside_the_other():
+    ops, state = two_writes_of_two_keys()
+    state[(S, "many-1")].versions.append(StoredVersion(3, "forget", None, 10.5, None))
+    ops += [many_read("rm", "many-0", 2, "m2"), many_read("rm", "many-1", None, None)]
+    assert found(ops, state)["fractured-read"] == 0
+    # Reads of two different calls are never judged together.
+    ops, state = two_writes_of_two_keys()
+    ops += [many_read("r1", "many-0", 2, "m2"), many_read("r2", "many-1", 1, "m1")]
+    assert found(ops, state)["fractured-read"] == 0
 
 
 # Every excuse the checker makes, with a planted case on each side of it: (ops, state, check,

@@ -38,6 +38,7 @@ CHECKS = {
     "ttl-stored": "every version's expiry is its write's time plus the TTL asked for (none if none)",
     "expiry-mismatch": "every read and write reports the expiry its version was stored with",
     "prefix-read": "recall_many(prefix=) returns only keys that start with the prefix, exactly",
+    "fractured-read": "a recall_many that sees one key of a remember_many sees all of its keys",
     "search-score": "every search result's score is computed from the value of the version returned",
     "read-own-write": "inside the caller's transaction, a read returns the write just made",
     "erased-read": "after erase_session, no read returns a memory of the erased session",
@@ -172,7 +173,72 @@ def check_history(history: History, state: dict[tuple[str, str], StoredKey]) -> 
         if (session_id, key) not in state:
             anomalies += _check_key(session_id, key, ops, StoredKey())
     anomalies += _check_all_or_nothing(history, state)
+    anomalies += _check_fractured_reads(history, state)
     return anomalies
+
+
+def _check_fractured_reads(
+    history: History, state: dict[tuple[str, str], StoredKey]
+) -> list[Anomaly]:
+    """Read atomicity of ``recall_many`` (RAMP's fractured read): a call that returns the value a
+    remember_many wrote on one key returns, on each other key of that write it read, that write's
+    version or a newer one -- never an older version, nor absent while the write's value was
+    live. A search is not a snapshot (it reads in chunks) and is not judged here."""
+    # token -> {(session, key): version} of every stored value
+    written: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
+    for pair, stored in state.items():
+        for v in stored.versions:
+            if v.op in VALUE_OPS and (token := token_of(v.value)) is not None:
+                written[token][pair] = v.version
+    calls: dict[tuple[str, str], list[Operation]] = defaultdict(list)
+    for op in history.operations:
+        if op.kind == "recall" and op.query is None and op.id.endswith(f"-{op.key}"):
+            calls[(op.client, op.id[: -len(op.key) - 1])].append(op)
+    anomalies = []
+    for (_, call_id), reads in sorted(calls.items()):
+        ok = [r for r in reads if r.status == "ok"]
+        if len(ok) < 2:
+            continue
+        by_key = {(r.session_id, r.key): r for r in ok}
+        for read in ok:
+            token = token_of(read.result) if read.version is not None else None
+            together = written.get(token or "", {})
+            if len(together) < 2:
+                continue  # not a multi-key write's value
+            for pair, version in sorted(together.items()):
+                other = by_key.get(pair)
+                if other is None or other is read:
+                    continue
+                if other.version is not None and other.version >= version:
+                    continue
+                if other.version is None and _was_missing(state.get(pair), version, other):
+                    continue
+                seen = "absent" if other.version is None else f"v{other.version}"
+                anomalies.append(
+                    Anomaly(
+                        "fractured-read",
+                        read.session_id,
+                        f"{read.key},{pair[1]}",
+                        f"recall_many {call_id} returned {read.key!r} v{read.version} of write "
+                        f"{token} but {pair[1]!r} {seen}, older than that write's v{version}",
+                        [_brief(read), _brief(other)],
+                    )
+                )
+    return anomalies
+
+
+def _was_missing(stored: StoredKey | None, version: int, read: Operation) -> bool:
+    """Whether key's memory may rightly have been absent for ``read``: a version from ``version``
+    on, created before the read completed, forgot or expired it, or expired by then."""
+    if stored is None:
+        return False
+    end = read.completed_at if read.completed_at is not None else read.invoked_at
+    for v in stored.versions:
+        if v.version < version or v.created_at > end:
+            continue
+        if v.op not in VALUE_OPS or (v.expires_at is not None and v.expires_at <= end):
+            return True
+    return False
 
 
 def _check_all_or_nothing(

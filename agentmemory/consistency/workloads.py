@@ -241,7 +241,7 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
         kinds, weights = _register_kinds(config)
         return rng.choices(kinds, weights=weights)[0]
     if family == "many":
-        return "many-read" if roll < 0.25 else "prefix-read" if roll < 0.45 else "many"
+        return "many-read" if roll < 0.35 else "prefix-read" if roll < 0.5 else "many"
     if family == "search":
         return (
             "search"
