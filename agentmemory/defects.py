@@ -143,3 +143,24 @@ def failpoint_session_setup() -> None:
     if getattr(_armed, "session", False):
         _armed.session = False
         raise InjectedFailure("the session setup of a new connection failed (an injected failure)")
+
+
+@contextmanager
+def die_after_commit() -> Iterator[None]:
+    """Inside this block, this process dies (SIGKILL, as the OOM killer or a node's power does it)
+    right after its next write commits, before the write updates the Redis tier: what a reader
+    then gets from Redis must be the committed version or a miss, never the version before."""
+    _armed.die = True
+    try:
+        yield
+    finally:
+        _armed.die = False
+
+
+def failpoint_after_commit() -> None:
+    """Called by the write path after COMMIT, before the Redis tier's update."""
+    if getattr(_armed, "die", False):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

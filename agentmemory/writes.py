@@ -27,7 +27,7 @@ from . import clock, validation
 from .cache import MemoryCache
 from .conf import get_config
 from .defects import NONE as NO_DEFECTS
-from .defects import Defect, Defects, failpoint_after_first_key
+from .defects import Defect, Defects, failpoint_after_commit, failpoint_after_first_key
 from .errors import InvalidMemory, ReentrantWrite, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
@@ -215,7 +215,10 @@ class WritePath:
                     )
                 # The update only after the commit: a rolled-back attempt leaves at most
                 # tombstones (misses), never a version that was not committed.
-                transaction.on_commit(lambda: cache.written(session_id, updates), using=self.using)
+                transaction.on_commit(
+                    lambda: (failpoint_after_commit(), cache.written(session_id, updates)),
+                    using=self.using,
+                )
             return results
 
         return attempt

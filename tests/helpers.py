@@ -87,3 +87,38 @@ def is_write_statement(sql: str) -> bool:
 def inserts_a_version(sql: str) -> bool:
     """The statement appends a history version (alone, or in PostgreSQL's one-statement CTE)."""
     return "insert into agentmemory_memoryversion" in sql.lower()
+
+
+def run_until_it_dies(fn: Callable[..., Any], args: tuple, agentmemory: dict[str, Any]) -> int:
+    """Run fn(*args) in a fresh process (spawned) on this test's database, with these
+    ``AGENTMEMORY`` settings; wait for it to end, however it ends. Returns its exit code
+    (negative: the signal that killed it). ``fn`` is imported there by name, after Django's set-up
+    (a test module imports the app's models)."""
+    context = multiprocessing.get_context("spawn")
+    name = f"{fn.__module__}:{fn.__qualname__}"
+    process = context.Process(
+        target=_setup_and_call, args=(connection.settings_dict["NAME"], agentmemory, name, args)
+    )
+    process.start()
+    process.join(120)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        raise AssertionError(f"{name} did not end within 120 s")
+    return process.exitcode
+
+
+def _setup_and_call(
+    database_name: str, agentmemory: dict[str, Any], name: str, args: tuple
+) -> None:
+    import importlib
+
+    _setup_child(database_name)
+    from django.conf import settings
+
+    from agentmemory.conf import get_config
+
+    settings.AGENTMEMORY = agentmemory
+    get_config.cache_clear()
+    module, _, function = name.partition(":")
+    _call(getattr(importlib.import_module(module), function), args)
