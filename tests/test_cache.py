@@ -386,3 +386,66 @@ def test_a_read_of_several_keys_takes_one_script_at_one_instant(own_redis):
     calls = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls")
     assert calls == 1
     assert READ_MANY_SCRIPT != READ_SCRIPT
+
+
+def test_a_pending_key_recorded_while_a_reader_replays_keeps_the_fence_down(settings):
+    """The order that keeps a fence renewal from trusting a stale entry: a reader that found no
+    fence reads the pending keys (one old record, x), and is held there; meanwhile a writer whose
+    Redis is unreachable commits k2 v2, records k2 as pending and -- the oldest record being x,
+    older than a fence period -- acknowledges at once, leaving Redis with k2 v1. The reader
+    replays x. Whatever it does next, k2 v1 is never served: the fence is renewed only by a
+    later call whose own pending check finds k2 (a renewal in the replaying call would trust
+    Redis with k2's stale entry)."""
+    import threading
+    from datetime import timedelta
+
+    from django.db import connection, connections
+    from django.utils import timezone
+
+    from agentmemory.models import PendingInvalidation
+
+    alias = redis_alias()
+    settings.CACHES = {
+        **settings.CACHES,
+        # The same names as the tier's (a copy of its settings) on a port nothing listens on.
+        "unreachable": {
+            **settings.CACHES[alias],
+            "LOCATION": "redis://127.0.0.1:1/15",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.05, "SOCKET_TIMEOUT": 0.05},
+        },
+    }
+    reader = MemoryStore(cache=alias, namespace="fence-order")
+    reader.recall("s", "k1")
+    reader.remember("s", "k1", "v1")
+    reader.remember("s", "k2", "v1")
+    assert reader.recall("s", "k2").value == "v1" and reader.last_read_source == "cache"
+    x = PendingInvalidation.objects.create(session_id="s", key="x")
+    PendingInvalidation.objects.filter(id=x.id).update(
+        created_at=timezone.now() - timedelta(seconds=60)
+    )
+    reader.cache.client.delete(reader.cache.fence_key)  # the fence has lapsed
+    checked, go_on = threading.Event(), threading.Event()
+
+    def hold_after_the_pending_check(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "pendinginvalidation" in sql.lower() and sql.lstrip().upper().startswith("SELECT"):
+            checked.set()
+            assert go_on.wait(30)
+        return result
+
+    def read_k1():
+        try:
+            with connection.execute_wrapper(hold_after_the_pending_check):
+                reader.recall("s", "k1")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=read_k1)
+    thread.start()
+    assert checked.wait(30)
+    writer = MemoryStore(cache="unreachable", namespace="fence-order")
+    assert writer.remember("s", "k2", "v2").version == 2  # acknowledged, Redis never updated
+    go_on.set()
+    thread.join(30)
+    assert reader.cache.client.get(reader.cache.entry_key("s", "k2")) is not None  # still v1
+    assert [reader.recall("s", "k2").value for _ in range(5)] == ["v2"] * 5

@@ -148,6 +148,21 @@ def test_cache_faults_catch_a_cache_tier_without_its_protection(settings):
     assert code == 1 and found["stale-read"] >= 1, found
 
 
+def test_the_default_run_catches_a_tier_that_trusts_another_servers_entries(settings):
+    """memcheck's default faults, on the project's own Redis, plant an older version stamped with
+    another server process's identity in one of the run's keys (a snapshot restore's leftover):
+    the store as it ships ignores it; a tier without the identity check serves it (the seam:
+    CACHE_PROTECTION=False)."""
+    redis_alias()
+    code, report = run_json("--ops", "2000")
+    assert report["faults"]["injected"].get("foreign-entry", 0) >= 1, report["faults"]
+    assert code == 0, report["anomalies"][:3]
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE_PROTECTION": False}
+    code, report = run_json("--ops", "2000")
+    assert report["faults"]["injected"].get("foreign-entry", 0) >= 1, report["faults"]
+    assert code == 1 and any(a["check"] == "stale-read" for a in report["anomalies"])
+
+
 def test_cache_faults_without_a_cache_tier_or_with_unsafe_exit_2(settings):
     from agentmemory.consistency.faults import FaultsUnavailable, fault_kinds
 

@@ -24,6 +24,14 @@ store's cache tier at it, with the configured cache's options:
 * ``cache-failover``: ``kill -9`` the primary; the sentinels promote the replica (whatever it had
   not received is lost); the old primary rejoins as the new replica.
 
+One more wherever a cache tier is configured (every mode but ``none``), since it is harmless
+on the project's own Redis: it touches only the run's throw-away keys.
+
+* ``foreign-entry``: write into Redis an older version of one of the run's memories, stamped with
+  the identity of another Redis server process -- what a Redis restarted from an old snapshot,
+  or a replica promoted before it received the newest writes, hands back. A tier that trusted
+  it (one that skipped the server-identity check) serves a stale read.
+
 On a cluster (``--database default,node2,node3``, MariaDB Galera nodes on this machine), two more:
 
 * ``node-kill``: ``kill -9`` one node's server (never the first alias's), start it again with the
@@ -49,8 +57,10 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
+from django.db.models import F
 
 from ..models import Memory
+from ..records import VALUE_OPS
 from ..vendors import (
     Transient,
     classify,
@@ -89,6 +99,9 @@ LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
 #: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
 WORKER_THREAD_PREFIX = "memcheck-client-"
 
+#: The server identity (``run_id``) the foreign-entry fault stamps: no Redis process has it.
+FOREIGN_RUN_ID = "0" * 40
+
 LOCK_WAIT_SECONDS = 1
 LOCK_HOLD_SECONDS = 1.2
 PAUSE_SECONDS = 0.6
@@ -123,6 +136,8 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
         raise FaultsUnavailable(
             f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
         )
+    if cache is not None and mode != "none":
+        kinds = (*kinds, "foreign-entry")
     return kinds
 
 
@@ -319,6 +334,41 @@ class Nemesis:
     def _cache_failover(self) -> bool:
         self.redis.fail_over()
         self.redis.rejoin()
+        return True
+
+    def _foreign_entry(self) -> bool:
+        """Older versions of one session's memories, as another Redis server process stored
+        them, put where the tier keeps those memories' entries (every key of the session that
+        has an older version: what a restored snapshot does to all of them at once)."""
+        from ..cache import encode_payload
+        from ..models import MemoryVersion
+        from ..records import MemoryRecord
+
+        older = (
+            MemoryVersion.objects.using(self.database)
+            .filter(
+                memory__session_id=self._rng.choice(self.sessions),
+                op__in=list(VALUE_OPS),
+                version__lt=F("memory__version"),
+            )
+            .order_by("-id")
+            .values_list(
+                "memory__session_id", "memory__key", "version", "value", "created_at", "expires_at"
+            )[:500]
+        )
+        by_key: dict[tuple[str, str], list[Any]] = {}
+        for row in older:
+            by_key.setdefault((row[0], row[1]), []).append(row)
+        if not by_key:
+            return False
+        client = self.cache.client
+        pipe = client.pipeline(transaction=False)
+        for rows in by_key.values():
+            session_id, key, version, value, created, expires = self._rng.choice(rows)
+            record = MemoryRecord(session_id, key, value, version, created, created, expires)
+            entry = f"{version}|{FOREIGN_RUN_ID}|{encode_payload(session_id, key, record)}"
+            pipe.set(self.cache.entry_key(session_id, key), entry, px=60_000)
+        pipe.execute()
         return True
 
     def _redis_primary(self) -> Any:
