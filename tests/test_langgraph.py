@@ -11,7 +11,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.store.base import BaseStore, InvalidNamespaceError
 from langgraph.store.memory import InMemoryStore
 
-from agentmemory import clock
+from agentmemory import MemoryStore, clock
 from agentmemory.errors import VersionConflict
 from agentmemory.integrations.langgraph import AgentMemoryStore, namespace_of, session_of
 
@@ -226,12 +226,13 @@ DOCS = {
 }
 
 
-def semantic_pair(fields=("text",)):
+def semantic_pair(fields=("text",), **extra):
     """agentmemory's store and LangGraph's InMemoryStore, same index config, same data."""
     from agentmemory.testing.embeddings import HashEmbedder
 
-    config = {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": list(fields)}
-    ours, theirs = AgentMemoryStore(index=config), InMemoryStore(index=config)
+    config = {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": list(fields), **extra}
+    ours = AgentMemoryStore(index=config)
+    theirs = InMemoryStore(index={k: v for k, v in config.items() if k != "distance_type"})
     for (*namespace, label), value in DOCS.items():
         for store in (ours, theirs):
             store.put((*namespace, label), f"k-{label}", value)
@@ -292,9 +293,9 @@ def test_search_by_meaning_with_the_whole_value_indexed_and_async():
     assert ranked(mine) == ranked(reference)
 
 
-def test_an_index_needs_cosine_and_its_keys():
-    with pytest.raises(ValueError, match="cosine only"):
-        AgentMemoryStore(index={"dims": 4, "embed": lambda t: [], "distance_type": "l2"})
+def test_an_index_needs_a_known_distance_and_its_keys():
+    with pytest.raises(ValueError, match="cosine, l2, inner_product"):
+        AgentMemoryStore(index={"dims": 4, "embed": lambda t: [], "distance_type": "hamming"})
     with pytest.raises(ValueError, match="'dims'"):
         AgentMemoryStore(index={"embed": lambda t: []})
 
@@ -337,3 +338,44 @@ def test_modify_whose_fn_returns_no_dict_is_a_clear_error_and_writes_nothing(lg,
     assert error.value.field == "fn"
     assert lg.get(("docs",), "k").value == {"v": 1}
     assert len(lg.history(("docs",), "k")) == 1
+
+
+def test_text_fields_the_sql_stores_spelling_is_the_index_fields():
+    """LangGraph's SqliteStore and its tests spell the paths ``text_fields``: a value is then
+    embedded at those paths only, not whole (test_embed_with_path scored 0.05 before)."""
+    from agentmemory.testing.embeddings import HashEmbedder
+
+    ours = AgentMemoryStore(
+        index={"dims": DIMS, "embed": HashEmbedder(DIMS), "text_fields": ["key1", "key2.subkey"]}
+    )
+    ours.put(("docs",), "k", {"key1": "xxx", "key2": {"subkey": "yyy"}, "other": "zzz " * 50})
+    assert ours.search(("docs",), query="xxx")[0].score > 0.9
+    assert ours.search(("docs",), query="yyy")[0].score > 0.9
+    one = AgentMemoryStore(index={"dims": DIMS, "embed": HashEmbedder(DIMS), "text_fields": "key1"})
+    one.put(("docs",), "k", {"key1": "xxx", "other": "zzz"})
+    assert one.search(("docs",), query="xxx")[0].score > 0.9
+
+
+@pytest.mark.parametrize("distance", ["l2", "inner_product"])
+def test_every_distance_of_postgres_store_ranks_alike_and_scores_in_its_own_terms(distance):
+    ours, theirs = semantic_pair(distance_type=distance)
+    found = ours.search(("docs",), query="a cat on a mat")
+    cosine = theirs.search(("docs",), query="a cat on a mat")
+    assert [(i.namespace, i.key) for i in found] == [
+        (namespace, key) for namespace, key, _ in ranked(cosine)
+    ]
+    by_key = {i.key: i.score for i in cosine}
+    for item in found:
+        expected = by_key[item.key]
+        if distance == "l2":  # PostgresStore's l2 score: minus the Euclidean distance
+            expected = -((2 - 2 * expected) ** 0.5)
+        assert item.score == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_store_exposes_its_embeddings_as_langgraphs_stores_do():
+    from langchain_core.embeddings import Embeddings
+
+    ours, _ = semantic_pair()
+    assert isinstance(ours.embeddings, Embeddings)
+    assert len(ours.embeddings.embed_query("cat")) == DIMS
+    assert AgentMemoryStore(MemoryStore(cache=None, index=None)).embeddings is None

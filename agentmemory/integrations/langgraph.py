@@ -18,6 +18,7 @@ returns (:meth:`agentmemory.MemoryStore.search`). Without an index, ``search(que
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -78,7 +79,9 @@ class AgentMemoryStore(BaseStore):
 
     ``index`` follows LangGraph's ``IndexConfig``: ``dims``, ``embed`` (an ``Embeddings``, a
     function of texts, or a ``"provider:model"`` string as LangGraph takes it) and ``fields``
-    (default ``["$"]``, the whole value); the distance is cosine. Or give the
+    (default ``["$"]``, the whole value; ``text_fields`` as LangGraph's SQL stores spell it) and
+    ``distance_type`` (``cosine``, ``l2`` or ``inner_product``: vectors are kept as unit
+    vectors, so the three rank alike and each scores in its own terms). Or give the
     :class:`~agentmemory.MemoryStore` an :class:`~agentmemory.Index` of its own."""
 
     supports_ttl = True
@@ -100,6 +103,11 @@ class AgentMemoryStore(BaseStore):
         self.store = store or MemoryStore()
         self.ttl_config = ttl or TTLConfig(refresh_on_read=True)
         self.index_config = index
+        #: The embedder, as LangGraph's stores expose it (None without an index).
+        self.embeddings = (
+            None if self.store.index is None else ensure_embeddings(self.store.index.embed)
+        )
+        self._distance = (index or {}).get("distance_type", "cosine")  # type: ignore[typeddict-item]
 
     # ---------------------------------------------------------------- BaseStore
 
@@ -351,7 +359,7 @@ class AgentMemoryStore(BaseStore):
                     record.value,
                     record.created_at,
                     record.updated_at,
-                    score=result.score,
+                    score=_scored(result.score, self._distance),
                 )
             )
         return items
@@ -394,18 +402,36 @@ class AgentMemoryStore(BaseStore):
         )
 
 
+#: The distances LangGraph's PostgresStore offers. Vectors are stored as unit vectors, so all
+#: three rank alike; each reports its own score (as PostgresStore does): cosine similarity, the
+#: negated Euclidean distance, the inner product.
+DISTANCES = ("cosine", "l2", "inner_product")
+
+
 def index_of(config: IndexConfig) -> Index:
-    """LangGraph's ``IndexConfig`` as an agentmemory :class:`~agentmemory.Index`."""
+    """LangGraph's ``IndexConfig`` as an agentmemory :class:`~agentmemory.Index`: ``dims``,
+    ``embed``, ``fields`` (or ``text_fields``, the SQL stores' spelling; a str is one path),
+    ``distance_type`` one of :data:`DISTANCES`."""
     distance = config.get("distance_type", "cosine")  # type: ignore[typeddict-item]
-    if distance != "cosine":
-        raise ValueError(f"index distance_type {distance!r}: agentmemory scores by cosine only")
+    if distance not in DISTANCES:
+        raise ValueError(
+            f"index distance_type {distance!r}: agentmemory offers {', '.join(DISTANCES)}"
+        )
     try:
         dims, embed = config["dims"], config["embed"]
     except KeyError as missing:
         raise ValueError(f"index config needs {missing.args[0]!r}") from None
-    return Index(
-        embed=ensure_embeddings(embed), dims=dims, fields=tuple(config.get("fields") or ("$",))
-    )
+    fields = config.get("fields") or config.get("text_fields") or ("$",)  # type: ignore[typeddict-item]
+    if isinstance(fields, str):
+        fields = (fields,)
+    return Index(embed=ensure_embeddings(embed), dims=dims, fields=tuple(fields))
+
+
+def _scored(cosine: float, distance: str) -> float:
+    """A cosine similarity of unit vectors in the terms of ``distance``."""
+    if distance == "l2":
+        return -math.sqrt(max(0.0, 2.0 - 2.0 * cosine))
+    return cosine  # cosine, and the inner product of unit vectors
 
 
 def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) -> bool:
@@ -415,7 +441,7 @@ def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) 
     return all(p == "*" or p == n for p, n in zip(path, part, strict=True))
 
 
-__all__ = ["AgentMemoryStore", "index_of", "matches", "namespace_of", "session_of"]
+__all__ = ["DISTANCES", "AgentMemoryStore", "index_of", "matches", "namespace_of", "session_of"]
 
 
 def _check_page(limit: Any, offset: Any) -> None:
