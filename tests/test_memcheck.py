@@ -103,9 +103,14 @@ def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
     code, report = run_json("--faults", "all", "--seconds", "8", "--workers", "6")
     assert code == 0, (report["anomalies"][:3], report["faults"])
     injected = report["faults"]["injected"]
-    expected = {"db-lock", "cache-kill", "cache-pause", "cache-restart", "cache-failover"} | (
-        {"db-kill"} if vendor != "sqlite" else set()
-    )
+    expected = {
+        "db-lock",
+        "cache-kill",
+        "cache-pause",
+        "cache-restart",
+        "cache-failover",
+        "foreign-entry",
+    } | ({"db-kill"} if vendor != "sqlite" else set())
     assert set(injected) == expected and all(n >= 1 for n in injected.values()), report["faults"]
     assert report["faults"]["errors"] == []
     assert report["faults"]["redis"].startswith("memcheck's own Redis")  # not the project's
@@ -125,7 +130,8 @@ def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, v
         "--faults", "db", "--seconds", "6", "--workers", "6", "--workloads", workloads
     )
     if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
-        assert code == 0 and set(report["faults"]["injected"]) == {"db-lock"}, report
+        cached = {"foreign-entry"} if settings.AGENTMEMORY.get("CACHE") else set()
+        assert code == 0 and set(report["faults"]["injected"]) == {"db-lock", *cached}, report
         return
     assert code == 1, report
     assert report["faults"]["injected"].get("db-kill", 0) >= 1
