@@ -384,7 +384,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT", "CACHE_MB"})
+SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT", "CACHE_MB", "MODEL"})
 
 
 def search_errors(search: Any) -> list[Error]:
@@ -394,7 +394,7 @@ def search_errors(search: Any) -> list[Error]:
         return []
     hint = (
         'None, or {"EMBED": "myproject.embeddings.embed", "DIMS": 384, "FIELDS": ["$"], '
-        '"TIMEOUT": 30, "CACHE_MB": 256}.'
+        '"TIMEOUT": 30, "CACHE_MB": 256, "MODEL": "all-MiniLM-L6-v2"}.'
     )
     if not isinstance(search, dict):
         return [Error(f"AGENTMEMORY['SEARCH'] is {search!r}.", hint=hint, id="agentmemory.E019")]
@@ -414,6 +414,11 @@ def search_errors(search: Any) -> list[Error]:
             or not 0 <= megabytes < 1024 * 1024
         ):
             problems.append(f"CACHE_MB must be megabytes >= 0, got {megabytes!r}")
+        model = search.get("MODEL")
+        if model is not None and (not isinstance(model, str) or not 1 <= len(model) <= 200):
+            problems.append(
+                f"MODEL must be the model's name, a str of 1-200 characters, got {model!r}"
+            )
     errors = [
         Error(f"AGENTMEMORY['SEARCH']: {problem}.", hint=hint, id="agentmemory.E019")
         for problem in problems

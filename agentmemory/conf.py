@@ -64,7 +64,9 @@ DEFAULTS: dict[str, Any] = {
     # list[list[float]], a LangChain Embeddings or the dotted path of one, "DIMS": the vectors'
     # length, "FIELDS": JSON paths of a value to embed (default ["$"], the whole value),
     # "TIMEOUT": seconds an embedder call may take (default 30; None: no limit), "CACHE_MB": the
-    # process's cache of vectors by name (default 256; 0: none)}.
+    # process's cache of vectors by name (default 256; 0: none), "MODEL": the embedding model's
+    # name (default: the embedder's own), stored with every vector: a search compares only
+    # vectors of its own model, and `manage.py reindex` embeds the others again}.
     "SEARCH": None,
 }
 

@@ -24,6 +24,7 @@ import re
 import secrets
 import struct
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,10 @@ class Index:
     dims: int
     fields: tuple[str, ...] = ("$",)
     timeout: float | None = 30.0
+    #: The embedding model's name (``SEARCH["MODEL"]``): vectors are stored with a fingerprint of
+    #: it and ``dims``, and a search compares only vectors of its own model. None: the embedder's
+    #: own name (its class or function, and its ``model``/``model_name`` attribute if it has one).
+    model: str | None = None
     _paths: tuple[tuple[str, tuple[str, ...]], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,7 +82,8 @@ class Index:
 
     @classmethod
     def from_settings(cls, config: Mapping[str, Any] | None) -> Index | None:
-        """``AGENTMEMORY["SEARCH"]`` (``{"EMBED", "DIMS", "FIELDS", "TIMEOUT"}``) as an Index."""
+        """``AGENTMEMORY["SEARCH"]`` (``{"EMBED", "DIMS", "FIELDS", "TIMEOUT", "MODEL"}``) as an
+        Index."""
         if not config:
             return None
         return cls(
@@ -85,7 +91,28 @@ class Index:
             dims=config["DIMS"],
             fields=tuple(config.get("FIELDS") or ("$",)),
             timeout=config.get("TIMEOUT", 30.0),
+            model=config.get("MODEL"),
         )
+
+    # ---------------------------------------------------------------- the model's fingerprint
+
+    @functools.cached_property
+    def model_name(self) -> str:
+        """``model``, or the embedder's own name."""
+        return self.model or embedder_name(self.embed)
+
+    @functools.cached_property
+    def tag(self) -> int:
+        """The fingerprint stored with every vector this index makes (32 bits of the model's
+        name and ``dims``): a search scores only vectors of its own tag."""
+        return zlib.crc32(f"{self.model_name}|{self.dims}".encode())
+
+    @functools.cached_property
+    def probe(self) -> Any:
+        """The embedder's unit vector of :data:`PROBE_TEXT` (one call, once per Index): the
+        store keeps the first one it sees per tag and checks every later process against it,
+        so that an embedder that changed under the same name is told apart."""
+        return self._call(self._documents, [PROBE_TEXT])[0]
 
     # ---------------------------------------------------------------- texts
 
@@ -117,7 +144,8 @@ class Index:
         matrix = self._call(self._documents, flat)
         out, at = [], 0
         for texts in texts_of:
-            out.append(pack(matrix[at : at + len(texts)]) if texts else None)
+            rows = matrix[at : at + len(texts)]
+            out.append(pack(rows, self.tag, fields) if texts else None)
             at += len(texts)
         return out
 
@@ -211,8 +239,21 @@ class Index:
         return result
 
 
-#: Before the vectors: their dimensions and how many there are (uint16 each).
+#: Before the vectors, as written before 0.6: their dimensions and how many there are (uint16
+#: each). Such vectors carry no model fingerprint: they are compared as before, with any model of
+#: their dims, until ``manage.py reindex`` rewrites them.
 _HEADER = struct.Struct("<HH")
+#: Since 0.6: a marker where the old header had the dimensions (no index has 65,535), then the
+#: dimensions, the count, the model's fingerprint (:attr:`Index.tag`) and the length of the JSON
+#: paths the vectors were made from (empty: the index's own fields), padded to 4 bytes.
+_HEADER_V2 = struct.Struct("<HHHIH")
+_V2 = 0xFFFF
+#: The text whose vector tells one embedding model from another under the same name.
+PROBE_TEXT = "agentmemory probe: the quick brown fox jumps over the lazy dog, 0123456789"
+#: Below this cosine similarity of the probe's vectors, two embedders are two models.
+SAME_MODEL_COSINE = 0.99
+#: The session where the store keeps each model's probe vector (one key per tag).
+MODELS_SESSION = "agentmemory:index-models"
 
 
 def vector_key() -> int:
@@ -234,29 +275,34 @@ class VectorCache:
         # Whether this process searches: only then do its writes keep their vectors here (a
         # process that only writes -- an importer, a worker -- keeps nothing).
         self.searched = False
-        self._entries: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[tuple[int | None, int], Any] = (
+            collections.OrderedDict()
+        )
         self._stacks: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get_many(self, names: Sequence[int]) -> list[Any]:
-        """Each name's vectors, or ``MISSING``."""
+    def get_many(self, names: Sequence[int], model: int | None = None) -> list[Any]:
+        """Each name's vectors as ``model``'s index sees them (None: another model's), or
+        ``MISSING``."""
         self.searched = True
         with self._lock:
             entries = self._entries
-            found = [entries.get(name, MISSING) for name in names]
+            found = [entries.get((model, name), MISSING) for name in names]
             for name, vectors in zip(names, found, strict=True):
                 if vectors is not MISSING:
-                    entries.move_to_end(name)
+                    entries.move_to_end((model, name))
             return found
 
-    def put(self, name: int, vectors: Any) -> None:
+    def put(self, name: int, vectors: Any, model: int | None = None) -> None:
+        """Keep a name's vectors as ``model``'s index sees them (``unpack(blob, model)``)."""
         if self.budget <= 0:
             return
         cost = 64 + (vectors.nbytes if vectors is not None else 0)
+        key = (model, name)
         with self._lock:
-            if name in self._entries:
+            if key in self._entries:
                 return
-            self._entries[name] = vectors
+            self._entries[key] = vectors
             self.size += cost
             while self.size > self.budget and self._entries:
                 _, old = self._entries.popitem(last=False)
@@ -295,27 +341,75 @@ MISSING: Any = object()
 STACKS = 4
 
 
-def pack(rows: Any) -> bytes:
-    """Unit vectors (a float32 matrix) -> the stored bytes: the header, then the rows."""
+def pack(rows: Any, model: int = 0, fields: Sequence[str] | None = None) -> bytes:
+    """Unit vectors (a float32 matrix) -> the stored bytes: the header (with the model's
+    fingerprint and, when not the index's own, the fields they were made from), then the rows."""
     import numpy as np
 
     count, dims = rows.shape
-    return _HEADER.pack(dims, count) + np.ascontiguousarray(rows, dtype="<f4").tobytes()
+    paths = b"" if fields is None else json.dumps(list(fields)).encode()
+    paths += b" " * (-len(paths) % 4)  # the floats stay 4-byte aligned
+    header = _HEADER_V2.pack(_V2, dims, count, model, len(paths))
+    return header + paths + np.ascontiguousarray(rows, dtype="<f4").tobytes()
 
 
-def unpack(blob: Any) -> Any:
-    """The stored bytes -> a (count, dims) float32 matrix; None if they are not vectors."""
+def _layout(blob: bytes) -> tuple[int, int, int | None, int, int] | None:
+    """(dims, count, model or None, offset of the fields, offset of the floats), or None."""
+    if len(blob) >= _HEADER_V2.size and _HEADER.unpack_from(blob)[0] == _V2:
+        _, dims, count, model, paths = _HEADER_V2.unpack_from(blob)
+        start = _HEADER_V2.size + paths
+        return dims, count, model, _HEADER_V2.size, start
+    if len(blob) < _HEADER.size:
+        return None
+    dims, count = _HEADER.unpack_from(blob)
+    return dims, count, None, _HEADER.size, _HEADER.size
+
+
+def unpack(blob: Any, model: int | None = None) -> Any:
+    """The stored bytes -> a (count, dims) float32 matrix; None if they are not vectors -- or,
+    with ``model``, if another model made them (vectors without a fingerprint, written before
+    0.6, are any model's)."""
     import numpy as np
 
     if blob is None:
         return None
     blob = bytes(blob)
-    if len(blob) < _HEADER.size:
+    layout = _layout(blob)
+    if layout is None:
         return None
-    dims, count = _HEADER.unpack_from(blob)
-    if not dims or not count or len(blob) != _HEADER.size + 4 * dims * count:
+    dims, count, made_by, _, start = layout
+    if not dims or not count or len(blob) != start + 4 * dims * count:
         return None
-    return np.frombuffer(blob, dtype="<f4", offset=_HEADER.size).reshape(count, dims)
+    if model is not None and made_by is not None and made_by != model:
+        return None
+    return np.frombuffer(blob, dtype="<f4", offset=start).reshape(count, dims)
+
+
+def model_of(blob: Any) -> int | None:
+    """The fingerprint of the model that made the stored vectors (None: written before 0.6)."""
+    layout = None if blob is None else _layout(bytes(blob))
+    return None if layout is None else layout[2]
+
+
+def fields_of(blob: Any) -> list[str] | None:
+    """The JSON paths the stored vectors were made from; None: the index's own."""
+    blob = bytes(blob)
+    layout = _layout(blob)
+    if layout is None or layout[4] == layout[3]:
+        return None
+    return json.loads(blob[layout[3] : layout[4]].decode())
+
+
+def embedder_name(embed: Any) -> str:
+    """An embedder's name for its fingerprint: its function's or class's dotted name, and the
+    model it names if it has a ``model``/``model_name`` attribute (LangChain's embeddings do)."""
+    target = getattr(embed, "func", embed)  # LangGraph wraps a function in EmbeddingsLambda
+    kind = target if callable(target) and hasattr(target, "__qualname__") else type(target)
+    name = (
+        f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', type(kind).__name__)}"
+    )
+    model = getattr(target, "model", None) or getattr(target, "model_name", None)
+    return f"{name}:{model}" if isinstance(model, str) else name
 
 
 @receiver(setting_changed)

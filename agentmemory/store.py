@@ -23,16 +23,20 @@ from . import aio, clock, validation
 from .cache import MemoryCache
 from .conf import get_config
 from .defects import Defect, Defects
-from .errors import InvalidMemory, VersionPruned
+from .errors import EmbeddingFailed, InvalidMemory, VersionConflict, VersionPruned
 from .models import Memory, MemoryState, MemoryVersion, Op, is_live
 from .records import MemoryRecord, MemoryVersionRecord, ScoredMemory
 from .retries import Retrier
 from .semantic import (
     MISSING,
+    MODELS_SESSION,
+    SAME_MODEL_COSINE,
     SEARCH_LIMIT_MAX,
     Index,
     check_filter,
+    fields_of,
     matches,
+    model_of,
     parse_path,
     unpack,
     vector_cache,
@@ -103,6 +107,8 @@ class MemoryStore:
             self.using, self.cache, self._retrier, row_lock=row_lock, defects=self.defects
         )
         self._local = threading.local()
+        #: Fingerprints of the models whose probe this store has checked (``_check_model``).
+        self._models_checked: set[int] = set()
 
     @property
     def retries(self) -> Counter[str]:
@@ -330,6 +336,57 @@ class MemoryStore:
             if len(ids) < batch:
                 return pruned
             after = ids[-1]
+
+    def reindex(
+        self,
+        *,
+        batch: int = 500,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        session_id: str | None = None,
+    ) -> int:
+        """Embed again, with this store's index, every live memory whose vectors another model
+        made (or that carry no fingerprint, written before 0.6), from the paths each was indexed
+        by; in place, one memory at a time, beside live writers (a memory written meanwhile
+        keeps the vectors its write made). Resumable: it only ever touches vectors of another
+        model. Returns how many memories were (or, with ``dry_run``, would be) embedded again.
+        ``progress(done, total)`` is called after each batch of ``batch`` memories, one
+        embedder call each."""
+        index = self.index
+        if index is None:
+            raise ImproperlyConfigured("reindex needs a semantic index (AGENTMEMORY['SEARCH'])")
+        batch = validation.check_version("batch", batch, minimum=1, maximum=validation.BATCH_MAX)
+        if not dry_run:
+            self._check_model()
+        rows = self._memories().live().filter(embedding_key__isnull=False)
+        if session_id is not None:
+            rows = rows.filter(session_id=validation.check_session_id(session_id))
+        total = rows.count()
+        done, changed, after = 0, 0, 0
+        while True:
+            found = list(
+                rows.filter(id__gt=after)
+                .order_by("id")
+                .values_list("id", "version", "value", "embedding")[:batch]
+            )
+            stale = [row for row in found if model_of(row[3]) != index.tag]
+            if dry_run:
+                changed += len(stale)
+            else:
+                by_fields: dict[Any, list[tuple[Any, ...]]] = {}
+                for row in stale:
+                    fields = fields_of(row[3])
+                    by_fields.setdefault(None if fields is None else tuple(fields), []).append(row)
+                for fields, group in by_fields.items():
+                    vectors = index.vectors([row[2] for row in group], fields)
+                    for (memory_id, version, _, _), vector in zip(group, vectors, strict=True):
+                        changed += self._writes.reindex(memory_id, version, vector)
+            done += len(found)
+            if progress is not None:
+                progress(done, total)
+            if len(found) < batch:
+                return changed
+            after = found[-1][0]
 
     def erase_session(self, session_id: str) -> int:
         """Delete every row and every version of the session, irreversibly: for data-erasure
@@ -596,6 +653,7 @@ class MemoryStore:
         conditions = check_filter(conditions)
         limit = validation.check_version("limit", limit, minimum=1, maximum=SEARCH_LIMIT_MAX)
         offset = validation.check_version("offset", offset, minimum=0, maximum=100_000)
+        self._check_model()
         # The query is embedded before the database is read: every write acknowledged before
         # this call is in what the read sees.
         wanted = index.query_vector(query)
@@ -657,7 +715,8 @@ class MemoryStore:
             }
             rows = [by_id[i] for i in chosen if i in by_id]
             # The vectors read in the same statement as the value (a few rows: no cache).
-            scores = index.scores(wanted, [unpack(row[9]) for row in rows]) if rows else []
+            vectors = [unpack(row[9], index.tag) for row in rows]
+            scores = index.scores(wanted, vectors) if rows else []
             for row, score in zip(rows, scores, strict=True):
                 _, _, session_id, key, raw, *_ = row
                 if np.isnan(score):
@@ -714,7 +773,7 @@ class MemoryStore:
         pairs = pairs[np.argsort(pairs[:, 0])]
         ids, names = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
         cache = vector_cache()
-        scope = f"{self.using}|{sessions}|{prefix}"
+        scope = f"{self.using}|{index.tag}|{sessions}|{prefix}"
         kept = cache.stacked(scope)
         todo = np.arange(len(ids))
         matrix = None
@@ -730,12 +789,14 @@ class MemoryStore:
         exact = True
         if len(todo):
             rows = [(int(ids[i]), int(names[i])) for i in todo]
-            vectors, exact = self._vectors(rows, sessions, prefix)
+            vectors, exact = self._vectors(index.tag, rows, sessions, prefix)
             fresh = index.stacked(vectors)
             if fresh is None:
                 # Several texts per memory, or vectors of other dims, among them: each alone.
                 pairs_ = list(zip(ids.tolist(), names.tolist(), strict=True))
-                return ids, index.scores(wanted, self._vectors(pairs_, sessions, prefix)[0])
+                return ids, index.scores(
+                    wanted, self._vectors(index.tag, pairs_, sessions, prefix)[0]
+                )
             if matrix is None:
                 matrix = fresh
             else:
@@ -745,15 +806,16 @@ class MemoryStore:
         return ids, (matrix @ wanted).astype(np.float64)
 
     def _vectors(
-        self, rows: list[tuple[Any, ...]], sessions: Q, prefix: str | None
+        self, model: int, rows: list[tuple[Any, ...]], sessions: Q, prefix: str | None
     ) -> tuple[list[Any], bool]:
         """The vectors named by each row's ``(id, embedding_key, ...)``: from the process's
         cache, the rest read from the database -- by id, or, when many are missing (a cold
         cache), in one scan. A row rewritten since it was listed gets its new vectors (a search
         concurrent with the write may rank by either; its result is scored again anyway); a row
-        gone since gets None. And whether every row got the vectors of its own name."""
+        gone since gets None, and so do vectors of another ``model`` (they are never compared).
+        And whether every row got the vectors of its own name."""
         cache = vector_cache()
-        vectors = cache.get_many([row[1] for row in rows])
+        vectors = cache.get_many([row[1] for row in rows], model)
         missing = [at for at, found in enumerate(vectors) if found is MISSING]
         if not missing:
             return vectors, True
@@ -765,8 +827,8 @@ class MemoryStore:
             read = self._indexed_rows(sessions, prefix, columns, ids=ids)
         by_id = {}
         for row_id, name, blob in read:
-            matrix = unpack(blob)
-            cache.put(name, matrix)
+            matrix = unpack(blob, model)
+            cache.put(name, matrix, model)
             by_id[row_id] = (name, matrix)
         exact = True
         for at in missing:
@@ -872,6 +934,7 @@ class MemoryStore:
         if fields is False or self.index is None or not values:
             return [{} for _ in values]
         vectors = self.index.vectors(values, fields)
+        self._check_model()
         # The stale-vector defect needs the value under the lock: it embeds there again.
         embed = self._embedder(fields) if Defect.STALE_VECTOR in self.defects else None
         return [{"vector": vector, "embed": embed} for vector in vectors]
@@ -881,7 +944,43 @@ class MemoryStore:
         index = self.index
         if fields is False or index is None:
             return None
+        self._check_model()  # before the write path: it writes, and fn runs under a row lock
         return lambda value: index.vectors([value], fields)[0]
+
+    def _check_model(self) -> None:
+        """Once per store and model: the embedder gives the probe text the vector its model
+        gave it when the store first met that model (kept in :data:`MODELS_SESSION`, one key
+        per fingerprint) -- or :class:`EmbeddingFailed`, before anything is written: an
+        embedder that changed under the same name would make vectors no search may compare
+        with the stored ones."""
+        index = self.index
+        if index is None or index.tag in self._models_checked:
+            return
+        import numpy as np
+
+        key = f"model-{index.tag:08x}"
+        probe = index.probe
+        record = self.recall(MODELS_SESSION, key)
+        if record is None:
+            value = {
+                "model": index.model_name,
+                "dims": index.dims,
+                "probe": [round(float(x), 6) for x in probe],
+            }
+            try:
+                record = self.remember(MODELS_SESSION, key, value, expected_version=0, index=False)
+            except VersionConflict:
+                record = self.recall(MODELS_SESSION, key)
+        known = np.asarray((record.value or {}).get("probe", []) if record else [], np.float32)
+        similarity = float(known @ probe) if known.shape == probe.shape else -1.0
+        if similarity < SAME_MODEL_COSINE:
+            raise EmbeddingFailed(
+                f"the embedder gives other vectors than the model {index.model_name!r} "
+                f"({index.dims} dims) gave when its memories were indexed (probe similarity "
+                f"{similarity:.3f}): name the new model in AGENTMEMORY['SEARCH']['MODEL'] (or "
+                "Index(model=...)) and run `manage.py reindex`; nothing was written"
+            )
+        self._models_checked.add(index.tag)
 
     # ------------------------------------------------------------------ helpers
 

@@ -32,7 +32,7 @@ from .errors import InvalidMemory, ReentrantWrite, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
-from .semantic import unpack, vector_cache, vector_key
+from .semantic import model_of, unpack, vector_cache, vector_key
 from .sql import LockedRow, encode_json, run, statements_for, to_datetime
 from .vendors import insert_if_missing
 
@@ -140,6 +140,23 @@ class WritePath:
 
         with self._only_write():
             return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+
+    def reindex(self, memory_id: int, version: int, vector: bytes | None) -> bool:
+        """New vectors for the live row's value, in place, if the row is still live at
+        ``version``: one conditional UPDATE, which takes the row lock itself, so a write made
+        since (it indexed its own value) is never overwritten. No new version: the value did
+        not change, only how it is indexed. True if it was stored."""
+
+        def attempt(_retry: bool) -> bool:
+            updated = (
+                Memory.objects.using(self.using)
+                .filter(id=memory_id, version=version, state=MemoryState.LIVE)
+                .update(embedding=vector, embedding_key=named(vector))
+            )
+            return updated == 1
+
+        with self._only_write():
+            return self.retrier.run(attempt)
 
     def _write_all(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         if len(changes) > 1 and Defect.NON_ATOMIC_MANY in self.defects:
@@ -504,7 +521,7 @@ def named(vector: bytes | None) -> int | None:
     name = vector_key()
     cache = vector_cache()
     if cache.searched:
-        cache.put(name, unpack(vector))
+        cache.put(name, unpack(vector), model_of(vector))
     return name
 
 

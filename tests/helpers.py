@@ -65,8 +65,10 @@ def inject_errors(
 
 @contextmanager
 def statements_sent() -> Iterator[list[str]]:
-    """Every statement this thread's connection sends inside the block (an execute wrapper)."""
+    """Every statement this thread's connection sends inside the block (an execute wrapper).
+    The connection is opened first: its session setup (agentmemory.apps) is not a call's."""
     sent: list[str] = []
+    connection.ensure_connection()
 
     def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         sent.append(sql)

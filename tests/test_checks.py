@@ -171,7 +171,8 @@ def test_the_tidb_backend_check_looks_at_the_installed_packages(settings):
         ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "FIELDS": "text"}, "FIELDS"),
         ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "FIELDS": ["a..b"]}, "a..b"),
         ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "TIMEOUT": 0}, "TIMEOUT"),
-        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "MODEL": "x"}, "'MODEL'"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "MODEL": 5}, "MODEL must"),
+        ({"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64, "MODELS": "x"}, "'MODELS'"),
     ],
 )
 def test_a_bad_search_index_is_an_error_naming_what_is_wrong(settings, search, named):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 
 import pytest
@@ -17,7 +18,7 @@ from agentmemory import EmbeddingFailed, Index, InvalidMemory, MemoryStore, Scor
 from agentmemory.consistency.semantic import expected_score
 from agentmemory.defects import Defect
 from agentmemory.models import Memory, MemoryVersion
-from agentmemory.semantic import MISSING, VectorCache, vector_cache
+from agentmemory.semantic import MISSING, MODELS_SESSION, VectorCache, vector_cache
 from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
@@ -442,7 +443,9 @@ def test_a_value_with_more_texts_than_the_limit_is_refused_before_anything_is_wr
         with pytest.raises(InvalidMemory, match=f"over the limit of {INDEX_TEXTS_MAX}") as error:
             call()
         assert error.value.field == "index"
-    assert not Memory.objects.exists() and not MemoryVersion.objects.exists()
+    # Nothing of the memory's (the index's model registered itself: agentmemory.semantic).
+    assert not Memory.objects.exclude(session_id=MODELS_SESSION).exists()
+    assert not MemoryVersion.objects.exclude(memory__session_id=MODELS_SESSION).exists()
     assert store.remember("s", "k", {"items": ["a"] * INDEX_TEXTS_MAX}).version == 1
 
 
@@ -468,3 +471,152 @@ def test_system_check_and_write_path_agree_on_jsonpath_fields(settings):
     }
     errors = [e for e in check_settings(None) if e.id == "agentmemory.E019"]
     assert len(errors) == 1 and "'$..deep'" in errors[0].msg and "'$.text'" not in errors[0].msg
+
+
+# ------------------------------------------------------------------ the model's fingerprint
+
+
+class OtherModel(HashEmbedder):
+    """Another embedding model of the same dimensions: each word lands elsewhere."""
+
+    def vector(self, text):
+        return super().vector(" ".join(f"other-{word}" for word in text.split()))
+
+
+def index_of_model(model, embed=None, fields=FIELDS):
+    return Index(embed=embed or HashEmbedder(DIMS), dims=DIMS, fields=fields, model=model)
+
+
+def test_a_search_never_compares_the_vectors_of_another_model(cache):
+    first = MemoryStore(cache=cache, index=index_of_model("model-a"))
+    second = MemoryStore(cache=cache, index=index_of_model("model-b", OtherModel(DIMS)))
+    first.remember("s", "by-a", {"text": "the cat sat on the mat"})
+    second.remember("s", "by-b", {"text": "the cat sat on the mat"})
+    assert [r.key for r in first.search("s", "cat on a mat")] == ["by-a"]
+    assert [r.key for r in second.search("s", "cat on a mat")] == ["by-b"]
+
+
+def test_an_embedder_changed_under_the_same_model_name_is_refused_before_any_write(cache):
+    MemoryStore(cache=cache, index=index_of_model("same-name")).remember(
+        "s", "k", {"text": "the cat sat on the mat"}
+    )
+    changed = MemoryStore(cache=cache, index=index_of_model("same-name", OtherModel(DIMS)))
+    for call in (
+        lambda: changed.remember("s", "k2", {"text": "a dog"}),
+        lambda: changed.update("s", "k", lambda _old: {"text": "a dog"}),
+        lambda: changed.search("s", "cat"),
+    ):
+        with pytest.raises(EmbeddingFailed, match=r"manage\.py reindex"):
+            call()
+    assert [h.version for h in MemoryStore(cache=None).history("s", "k")] == [1]
+    assert MemoryStore(cache=None).recall("s", "k2") is None
+
+
+def reindex(settings, model, embed="agentmemory.testing.embeddings.embed", *args):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.AGENTMEMORY = {
+        **settings.AGENTMEMORY,
+        "SEARCH": {"EMBED": embed, "DIMS": 64, "FIELDS": ["text"], "MODEL": model},
+    }
+    out, err = StringIO(), StringIO()
+    call_command("reindex", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_reindex_embeds_another_models_memories_again_in_place_and_resumably(settings):
+    from agentmemory.testing.embeddings import DIMS as DEFAULT_DIMS
+
+    old = MemoryStore(
+        cache=None,
+        index=Index(
+            embed=OtherModel(DEFAULT_DIMS), dims=DEFAULT_DIMS, fields=["text"], model="old"
+        ),
+    )
+    old.remember("s", "pets", {"text": "the cat sat on the mat"})
+    old.remember("s", "titled", {"text": "physics notes", "title": "cat mat"}, index=["title"])
+    old.remember("s", "park", {"text": "dogs chase a ball in the park"})
+    out, _ = reindex(settings, "new", "agentmemory.testing.embeddings.embed", "--dry-run")
+    assert "would embed again 3 memories" in out
+    new = MemoryStore(cache=None)
+    assert new.search("s", "a cat on a mat") == []  # nothing of the new model yet
+    out, err = reindex(settings, "new", "agentmemory.testing.embeddings.embed", "--batch", "2")
+    assert "embedded again 3 memories" in out and "3/3 memories" in err
+    found = new.search("s", "a cat on a mat")
+    # "titled" by its own paths (its title, as it was indexed), "pets" by the index's "text".
+    assert {r.key for r in found[:2]} == {"pets", "titled"}
+    for result in found:
+        paths = ("title",) if result.key == "titled" else ("text",)
+        expected = expected_score("a cat on a mat", result.value, dims=DEFAULT_DIMS, fields=paths)
+        assert result.score == pytest.approx(expected, abs=1e-5)
+    assert all(len(new.history("s", key)) == 1 for key in ("pets", "titled", "park"))  # in place
+    out, _ = reindex(settings, "new", "agentmemory.testing.embeddings.embed")
+    assert "embedded again 0 memories" in out  # resumable: what is done stays done
+
+
+def test_reindex_never_overwrites_a_write_made_meanwhile(settings):
+    """The memory is written again (by the old model's store) between the reindex's read and
+    its update: the update finds another version and leaves the write's own vectors."""
+    import threading
+
+    from django.db import connection
+
+    from agentmemory.semantic import model_of
+    from agentmemory.testing.embeddings import DIMS as DEFAULT_DIMS
+
+    old_index = Index(
+        embed=OtherModel(DEFAULT_DIMS), dims=DEFAULT_DIMS, fields=["text"], model="old"
+    )
+    old = MemoryStore(cache=None, index=old_index)
+    old.remember("s", "k", {"text": "the cat sat on the mat"})
+    raced = []
+
+    def write_first(execute, sql, params, many, context):
+        # The reindex's own UPDATE (the ORM quotes its columns; the write path's do not).
+        if re.search(r'SET [`"]embedding[`"] = ', sql) and not raced:
+            thread = threading.Thread(
+                target=lambda: raced.append(old.remember("s", "k", {"text": "a new value"}))
+            )
+            thread.start()
+            thread.join()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(write_first):
+        out, _ = reindex(settings, "new")
+    assert "embedded again 0 memories" in out and raced[0].version == 2
+    row = Memory.objects.get(session_id="s", key="k")
+    assert row.value == {"text": "a new value"} and model_of(row.embedding) == old_index.tag
+
+
+def test_vectors_written_before_fingerprints_are_compared_as_before_until_reindexed(settings):
+    """Vectors in the format before 0.6 (no fingerprint) are any model's of their dims."""
+    import struct
+
+    from agentmemory.semantic import model_of, unpack
+
+    store = MemoryStore(cache=None, index=index_of_model("model-a"))
+    store.remember("s", "k", {"text": "the cat sat on the mat"})
+    row = Memory.objects.get(session_id="s", key="k")
+    matrix = unpack(row.embedding)
+    legacy = struct.pack("<HH", DIMS, len(matrix)) + matrix.astype("<f4").tobytes()
+    Memory.objects.filter(id=row.id).update(embedding=legacy, embedding_key=12345)
+    assert model_of(legacy) is None
+    other = MemoryStore(cache=None, index=index_of_model("model-b"))
+    assert [r.key for r in other.search("s", "a cat on a mat")] == ["k"]
+    assert other.reindex() == 1
+    assert model_of(Memory.objects.get(id=row.id).embedding) == other.index.tag
+
+
+def test_reindex_without_an_index_or_on_an_unknown_database_exits_2(settings):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SEARCH": None}
+    with pytest.raises(CommandError, match="no semantic index") as error:
+        call_command("reindex")
+    assert error.value.returncode == 2
+    with pytest.raises(CommandError, match="unknown database alias 'nope'") as error:
+        call_command("reindex", "--database", "nope")
+    assert error.value.returncode == 2
