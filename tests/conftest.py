@@ -72,3 +72,26 @@ def vendor() -> str:
 def run_threads(fn: Callable[[int], Any], workers: int) -> list[Any]:
     """Run fn(i) in `workers` threads started together, each with its own connection."""
     return concurrently(fn, workers)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_connection_left_open(django_db_setup, django_db_blocker):
+    """When the run ends, no connection but this thread's may hold the test database: one left
+    open (a pool thread's, a worker's) makes PostgreSQL refuse to drop it -- and in an app, it is
+    a connection that is never given back. Checked on PostgreSQL, which can list them."""
+    yield
+    import threading
+
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, backend_start, state, left(query, 120) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            others = cursor.fetchall()
+    threads = [t.name for t in threading.enumerate()]
+    assert not others, f"connections left open on the test database: {others}; threads {threads}"

@@ -73,3 +73,15 @@ def assert_memory_consistent(request: pytest.FixtureRequest) -> Callable[..., No
         check_memory_consistent(session_id, using=using, cache=cache)
 
     return check
+
+
+@pytest.fixture(autouse=True)
+def _async_pool_connections_closed() -> Iterator[None]:
+    """After a test whose code ran the async twins, their pool threads' database connections are
+    closed (as a request's are): the next test starts clean, and the test database can be
+    dropped at the end of the run (PostgreSQL refuses while a connection is open)."""
+    yield
+    from .. import aio
+
+    if aio.used():
+        aio.close_connections()
