@@ -10,7 +10,7 @@ import dataclasses
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -322,20 +322,11 @@ class MemoryStore:
         memories = self._memories()
         if session_id is not None:
             memories = memories.filter(session_id=validation.check_session_id(session_id))
-        total = memories.count()
-        pruned, done, after = 0, 0, 0
-        while True:
-            ids = list(
-                memories.filter(id__gt=after).order_by("id").values_list("id", flat=True)[:batch]
-            )
-            for memory_id in ids:
+        pruned = 0
+        for found in _batches(memories, (), batch, progress):
+            for (memory_id,) in found:
                 pruned += self._writes.prune(memory_id, keep_last, keep_days, dry_run=dry_run)
-            done += len(ids)
-            if progress is not None:
-                progress(done, total)
-            if len(ids) < batch:
-                return pruned
-            after = ids[-1]
+        return pruned
 
     def reindex(
         self,
@@ -361,14 +352,8 @@ class MemoryStore:
         rows = self._memories().live().filter(embedding_key__isnull=False)
         if session_id is not None:
             rows = rows.filter(session_id=validation.check_session_id(session_id))
-        total = rows.count()
-        done, changed, after = 0, 0, 0
-        while True:
-            found = list(
-                rows.filter(id__gt=after)
-                .order_by("id")
-                .values_list("id", "version", "value", "embedding")[:batch]
-            )
+        changed = 0
+        for found in _batches(rows, ("version", "value", "embedding"), batch, progress):
             stale = [row for row in found if model_of(row[3]) != index.tag]
             if dry_run:
                 changed += len(stale)
@@ -381,12 +366,7 @@ class MemoryStore:
                     vectors = index.vectors([row[2] for row in group], fields)
                     for (memory_id, version, _, _), vector in zip(group, vectors, strict=True):
                         changed += self._writes.reindex(memory_id, version, vector)
-            done += len(found)
-            if progress is not None:
-                progress(done, total)
-            if len(found) < batch:
-                return changed
-            after = found[-1][0]
+        return changed
 
     def erase_session(self, session_id: str) -> int:
         """Delete every row and every version of the session, irreversibly: for data-erasure
@@ -1071,3 +1051,24 @@ class MemoryStore:
             "request_id": "k:" + validation.check_idempotency_key(idempotency_key),
             "caller_request_id": True,
         }
+
+
+def _batches(
+    rows: Any,
+    columns: tuple[str, ...],
+    batch: int,
+    progress: Callable[[int, int], None] | None,
+) -> Iterator[list[tuple[Any, ...]]]:
+    """``rows`` as lists of ``(id, *columns)`` of at most ``batch``, in id order, by keyset (each
+    batch costs the same however far in); ``progress(done, total)`` after each is processed."""
+    total = rows.count()
+    done, after = 0, 0
+    while True:
+        found = list(rows.filter(id__gt=after).order_by("id").values_list("id", *columns)[:batch])
+        yield found
+        done += len(found)
+        if progress is not None:
+            progress(done, total)
+        if len(found) < batch:
+            return
+        after = found[-1][0]

@@ -3,16 +3,16 @@ writers."""
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ...conf import get_config
 from ...errors import InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
+from ..batches import checked_alias, progress_bar
 
 
 class Command(BaseCommand):
@@ -53,12 +53,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
-        if alias is not None and alias not in connections.settings:
-            raise CommandError(
-                f"unknown database alias {alias!r} (DATABASES has: {', '.join(connections)})",
-                returncode=2,
-            )
+        alias = checked_alias(options["database"])
         policy = get_config()["HISTORY_RETENTION"]
         if (
             options["keep_last"] is None
@@ -73,30 +68,21 @@ class Command(BaseCommand):
             return
         store = MemoryStore(using=alias, cache=None)
         started = time.monotonic()
-        tty = bool(getattr(self.stderr._out, "isatty", lambda: False)())
-
-        def progress(done: int, total: int) -> None:
-            share = done / total if total else 1.0
-            bar = "#" * int(share * 30) + "." * (30 - int(share * 30))
-            line = f"prunehistory [{bar}] {share:4.0%} {done}/{total} memories"
-            self.stderr.write(("\r" + line) if tty else line, ending="" if tty else "\n")
-
         try:
-            pruned = store.prune_history(
-                keep_last=options["keep_last"],
-                keep_days=options["keep_days"],
-                batch=options["batch"],
-                dry_run=options["dry_run"],
-                progress=progress,
-            )
+            with progress_bar(self.stderr, "prunehistory") as progress:
+                pruned = store.prune_history(
+                    keep_last=options["keep_last"],
+                    keep_days=options["keep_days"],
+                    batch=options["batch"],
+                    dry_run=options["dry_run"],
+                    progress=progress,
+                )
         except InvalidMemory as exc:
             raise CommandError(str(exc), returncode=2) from exc
         except (DatabaseError, MemoryUnavailable) as exc:
             raise CommandError(
                 f"prunehistory could not run on {store.using!r}: {exc}", returncode=2
             ) from exc
-        if tty:
-            sys.stderr.write("\n")
         verb = "would remove" if options["dry_run"] else "removed"
         self.stdout.write(
             f"prunehistory on {store.using!r}: {verb} {pruned} versions "

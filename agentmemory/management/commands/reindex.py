@@ -3,16 +3,16 @@ indexed -- in batches, in place, beside live writers."""
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ...errors import EmbeddingFailed, InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
+from ..batches import checked_alias, progress_bar
 
 
 class Command(BaseCommand):
@@ -40,12 +40,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
-        if alias is not None and alias not in connections.settings:
-            raise CommandError(
-                f"unknown database alias {alias!r} (DATABASES has: {', '.join(connections)})",
-                returncode=2,
-            )
+        alias = checked_alias(options["database"])
         store = MemoryStore(using=alias, cache=None)
         if store.index is None:
             raise CommandError(
@@ -53,21 +48,14 @@ class Command(BaseCommand):
                 returncode=2,
             )
         started = time.monotonic()
-        tty = bool(getattr(self.stderr._out, "isatty", lambda: False)())
-
-        def progress(done: int, total: int) -> None:
-            share = done / total if total else 1.0
-            bar = "#" * int(share * 30) + "." * (30 - int(share * 30))
-            line = f"reindex [{bar}] {share:4.0%} {done}/{total} memories"
-            self.stderr.write(("\r" + line) if tty else line, ending="" if tty else "\n")
-
         try:
-            changed = store.reindex(
-                batch=options["batch"],
-                dry_run=options["dry_run"],
-                progress=progress,
-                session_id=options["session"],
-            )
+            with progress_bar(self.stderr, "reindex") as progress:
+                changed = store.reindex(
+                    batch=options["batch"],
+                    dry_run=options["dry_run"],
+                    progress=progress,
+                    session_id=options["session"],
+                )
         except (InvalidMemory, ImproperlyConfigured) as exc:
             raise CommandError(str(exc), returncode=2) from exc
         except (EmbeddingFailed, DatabaseError, MemoryUnavailable) as exc:
@@ -76,8 +64,6 @@ class Command(BaseCommand):
                 "again to go on)",
                 returncode=1,
             ) from exc
-        if tty:
-            sys.stderr.write("\n")
         verb = "would embed again" if options["dry_run"] else "embedded again"
         self.stdout.write(
             f"reindex on {store.using!r} with model {store.index.model_name!r}: {verb} "

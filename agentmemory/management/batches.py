@@ -1,0 +1,44 @@
+"""What the batch commands (``prunehistory``, ``reindex``) share: the database alias they are
+given, and the progress bar they draw on stderr."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.core.management.base import CommandError
+from django.db import connections
+
+
+def checked_alias(alias: str | None) -> str | None:
+    """``--database``: None (the store's default) or an alias of ``DATABASES``; exit 2 naming
+    the known ones otherwise."""
+    if alias is not None and alias not in connections.settings:
+        raise CommandError(
+            f"unknown database alias {alias!r} (DATABASES has: {', '.join(connections)})",
+            returncode=2,
+        )
+    return alias
+
+
+@contextmanager
+def progress_bar(stderr: Any, label: str) -> Iterator[Callable[[int, int], None]]:
+    """``progress(done, total)`` drawing ``label [#####.....]  50% 5/10 memories`` on the
+    command's stderr: redrawn in place on a terminal, a line per batch elsewhere (a log)."""
+    tty = bool(getattr(stderr._out, "isatty", lambda: False)())
+    drawn = False
+
+    def progress(done: int, total: int) -> None:
+        nonlocal drawn
+        share = done / total if total else 1.0
+        bar = "#" * int(share * 30) + "." * (30 - int(share * 30))
+        line = f"{label} [{bar}] {share:4.0%} {done}/{total} memories"
+        stderr.write(("\r" + line) if tty else line, ending="" if tty else "\n")
+        drawn = True
+
+    try:
+        yield progress
+    finally:
+        if tty and drawn:
+            stderr.write("")
