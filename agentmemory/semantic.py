@@ -70,6 +70,8 @@ class Index:
     #: own name (its class or function, and its ``model``/``model_name`` attribute if it has one).
     model: str | None = None
     _paths: tuple[tuple[str, tuple[str, ...]], ...] = field(init=False, repr=False, compare=False)
+    #: The database aliases where a store checked this index's probe (``MemoryStore``).
+    checked: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
@@ -416,6 +418,16 @@ def embedder_name(embed: Any) -> str:
 def _reset_vector_cache(*, setting: str, **kwargs: Any) -> None:
     if setting == "AGENTMEMORY":
         vector_cache.cache_clear()
+        settings_index.cache_clear()
+
+
+@functools.cache
+def settings_index() -> Index | None:
+    """``AGENTMEMORY["SEARCH"]`` as an :class:`Index`, one per process (and settings): every
+    ``MemoryStore()`` shares it, so its probe is embedded and checked once."""
+    from .conf import get_config
+
+    return Index.from_settings(get_config()["SEARCH"])
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from .semantic import (
     matches,
     model_of,
     parse_path,
+    settings_index,
     unpack,
     vector_cache,
 )
@@ -84,9 +85,7 @@ class MemoryStore:
         semantic index of :meth:`search` (default ``AGENTMEMORY["SEARCH"]``; None: no search)."""
         config = get_config()
         #: How values are embedded for :meth:`search`, or None.
-        self.index: Index | None = (
-            Index.from_settings(config["SEARCH"]) if index is _INDEX_FROM_SETTINGS else index
-        )
+        self.index: Index | None = settings_index() if index is _INDEX_FROM_SETTINGS else index
         if self.index is not None and not isinstance(self.index, Index):
             raise ImproperlyConfigured(
                 f"MemoryStore(index=...) takes an agentmemory.Index or None, got {index!r}"
@@ -107,8 +106,6 @@ class MemoryStore:
             self.using, self.cache, self._retrier, row_lock=row_lock, defects=self.defects
         )
         self._local = threading.local()
-        #: Fingerprints of the models whose probe this store has checked (``_check_model``).
-        self._models_checked: set[int] = set()
 
     @property
     def retries(self) -> Counter[str]:
@@ -928,13 +925,14 @@ class MemoryStore:
         return lambda value: index.vectors([value], fields)[0]
 
     def _check_model(self) -> None:
-        """Once per store and model: the embedder gives the probe text the vector its model
+        """Once per index and database (the settings' index is one per process: a store made
+        per request checks it once): the embedder gives the probe text the vector its model
         gave it when the store first met that model (kept in :data:`MODELS_SESSION`, one key
         per fingerprint) -- or :class:`EmbeddingFailed`, before anything is written: an
         embedder that changed under the same name would make vectors no search may compare
         with the stored ones."""
         index = self.index
-        if index is None or index.tag in self._models_checked:
+        if index is None or self.using in index.checked:
             return
         import numpy as np
 
@@ -960,7 +958,7 @@ class MemoryStore:
                 f"{similarity:.3f}): name the new model in AGENTMEMORY['SEARCH']['MODEL'] (or "
                 "Index(model=...)) and run `manage.py reindex`; nothing was written"
             )
-        self._models_checked.add(index.tag)
+        index.checked.add(self.using)
 
     # ------------------------------------------------------------------ helpers
 
