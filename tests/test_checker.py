@@ -597,3 +597,27 @@ def test_a_search_score_is_recomputed_from_the_value_returned():
     ops, state = searched(right)
     ops[1].result = w("w1")
     assert found(ops, {(S, K): state})["search-score"] == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "anomalies"),
+    [
+        # A lost connection inside the caller's transaction (a node killed during the COMMIT, as
+        # a Galera CI run showed): the write may have landed, and did -- no anomaly.
+        ("info", "Transient in the caller's transaction: (2013, 'Lost connection')", Counter()),
+        # A conflict there rolled the transaction back: a stored value of it is a phantom.
+        (
+            "fail",
+            "Transient in the caller's transaction: (1213, 'Deadlock')",
+            Counter({"phantom-write": 1}),
+        ),
+    ],
+)
+def test_a_transient_error_in_the_callers_transaction_is_judged_by_its_kind(
+    status, error, anomalies
+):
+    ops = [
+        write("w1", 0, 1, 1),
+        op("t", "txn-write", 2, 3, status=status, value=w("t"), error=error),
+    ]
+    assert found(ops, {(S, K): stored("w1", "t")}) == anomalies

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..records import VALUE_OPS
 from . import semantic
-from .history import History, Operation, token_of
+from .history import IN_TRANSACTION, History, Operation, token_of
 from .state import StoredKey, StoredVersion
 
 #: Every check, in report order, with what it proves.
@@ -285,7 +285,7 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
         if op.is_write and op.token:
             writers[op.token] = op
         error = op.error or ""
-        if op.status == "info" and not error.startswith("MemoryUnavailable"):
+        if op.status == "info" and not error.startswith(("MemoryUnavailable", IN_TRANSACTION)):
             report("caller-error", f"{op.kind} raised {op.error}", op)
         if op.status == "fail" and error.startswith("IdempotencyBroken"):
             report("idempotent-retry", error, op)

@@ -16,6 +16,10 @@ WRITE_KINDS = frozenset(
     {"remember", "cas", "append", "ttl-write", "retry", "many", "txn-write", "update"}
 )
 READ_KINDS = frozenset({"recall"})
+#: The error of a call whose caller's own transaction met a transient error (the store cannot
+#: retry inside it): expected -- a conflict rolled it back (fail), a lost connection left its
+#: outcome unknown (info).
+IN_TRANSACTION = "Transient in the caller's transaction"
 
 
 @dataclass

@@ -48,10 +48,10 @@ from ..conf import get_config
 from ..defects import InjectedFailure, fail_after_first_key
 from ..errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from ..store import MemoryStore
-from ..vendors import classify
+from ..vendors import Transient, classify
 from . import semantic
 from .faults import WORKER_THREAD_PREFIX
-from .history import History, Operation
+from .history import IN_TRANSACTION, History, Operation
 
 SESSION_SUFFIXES = ("a", "a%", "a_")
 WORKLOADS = (
@@ -78,8 +78,6 @@ FAMILIES = {
 }
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
-#: An error a caller's own transaction may see (the store cannot retry inside it): expected.
-IN_TRANSACTION = "Transient in the caller's transaction"
 
 
 @dataclass
@@ -384,9 +382,12 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
     except DatabaseError as exc:
         # Inside the caller's transaction the store cannot retry: a deadlock or a lock timeout
         # reaches the caller, whose transaction was rolled back. Elsewhere it is an anomaly.
-        transient = in_transaction and classify(exc) is not None
-        op.status = "fail" if transient else "info"
-        prefix = IN_TRANSACTION if transient else type(exc).__name__
+        # A lost connection there is no rollback the caller can count on: it may have been lost
+        # during the COMMIT, which the server (a Galera cluster: every node) may have applied --
+        # an unknown outcome, as a MemoryUnavailable is.
+        kind = classify(exc) if in_transaction else None
+        op.status = "fail" if kind is Transient.CONFLICT else "info"
+        prefix = IN_TRANSACTION if kind is not None else type(exc).__name__
         op.error = f"{prefix}: {exc}"
     except Exception as exc:  # an error that reached the caller: indeterminate, and reported
         op.status, op.error = "info", f"{type(exc).__name__}: {exc}"
