@@ -4,7 +4,7 @@ Sessions:
 
 - ``tests(python, django)``: the SQLite suite, Redis on, for every supported pair -- Django 5.2 LTS
   on Python 3.11, 3.12 and 3.13; Django 6.0 and 6.1 on 3.12 and 3.13 (Django 6 needs 3.12). The
-  package is installed as a user would (``agentmemory[redis,testing,search]`` from this checkout,
+  package is installed as a user would (``django-agentmemory[redis,testing,search]`` from this checkout,
   plus the suite's own tools), with nothing overridden: pip resolves Django within the declared
   range.
 - ``servers``: the whole suite on every server (``scripts/test.sh``) on the default pair.
@@ -38,7 +38,7 @@ PAIRS = [
 ]
 DEFAULT = ("3.11", "5.2")
 PYTHONS = sorted({python for python, _ in PAIRS})
-#: The suite's own tools, beside agentmemory[redis,testing,search]: settings from a URL, the
+#: The suite's own tools, beside django-agentmemory[redis,testing,search]: settings from a URL, the
 #: browser test, the LangGraph adapter's tests, and both server drivers (the SQLite suite still
 #: classifies their exceptions: which MariaDB, TiDB and PostgreSQL errors are retried).
 SUITE_TOOLS = [

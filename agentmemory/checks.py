@@ -428,7 +428,7 @@ def search_errors(search: Any) -> list[Error]:
             Error(
                 "AGENTMEMORY['SEARCH'] is set, but numpy, which scores the vectors, is not "
                 "installed.",
-                hint="pip install 'agentmemory[search]'",
+                hint="pip install 'django-agentmemory[search]'",
                 id="agentmemory.E020",
             )
         )

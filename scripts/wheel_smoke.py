@@ -1,7 +1,7 @@
 """The wheel, installed as a new user would: into a fresh venv in a temporary folder outside the
 repository, with nothing of the repository on the path.
 
-    python scripts/wheel_smoke.py dist/agentmemory-X.Y.Z-py3-none-any.whl
+    python scripts/wheel_smoke.py dist/django_agentmemory-X.Y.Z-py3-none-any.whl
 
 Then ``django-admin startproject``, ``agentmemory`` added to INSTALLED_APPS with the SQLite
 options the README gives, ``check``, ``migrate``, ``memcheck``, ``memcheck --self-test``, the
@@ -96,7 +96,7 @@ def main(wheel: str) -> None:
             "pip",
             "install",
             "-q",
-            f"agentmemory[testing] @ {wheel_path.as_uri()}",
+            f"django-agentmemory[testing] @ {wheel_path.as_uri()}",
             cwd=folder,
             env=env,
         )

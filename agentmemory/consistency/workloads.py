@@ -98,7 +98,9 @@ class WorkloadConfig:
                 f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}"
             )
         if "search" in self.workloads and not semantic.available():
-            raise ValueError("the search workload needs numpy: pip install 'agentmemory[search]'")
+            raise ValueError(
+                "the search workload needs numpy: pip install 'django-agentmemory[search]'"
+            )
         if not set(self.workloads) & set(FAMILIES):
             raise ValueError(f"choose at least one of the workloads {', '.join(FAMILIES)}")
 

@@ -3,7 +3,7 @@
 fixtures ``memory_store``, ``concurrently``, ``memory_clock`` and ``assert_memory_consistent``.
 
 The factories (``agentmemory.testing.factories``) need factory-boy and the strategies
-(``agentmemory.testing.strategies``) need Hypothesis: ``pip install agentmemory[testing]``.
+(``agentmemory.testing.strategies``) need Hypothesis: ``pip install django-agentmemory[testing]``.
 """
 
 from __future__ import annotations
