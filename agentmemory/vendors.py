@@ -267,10 +267,12 @@ def lock_wait_at_most(connection: Any, seconds: float) -> Iterator[None]:
                 f"SET SESSION innodb_lock_wait_timeout = {max(1, min(int(before), math.ceil(seconds)))}"
             )
         elif vendor == "postgresql":
-            cursor.execute("SELECT current_setting('lock_timeout')")
-            before = cursor.fetchone()[0]
+            cursor.execute("SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'")
+            before = cursor.fetchone()[0]  # milliseconds; 0: no limit
+            wanted = max(1, int(seconds * 1000))
             cursor.execute(
-                "SELECT set_config('lock_timeout', %s, false)", [f"{max(1, int(seconds * 1000))}ms"]
+                "SELECT set_config('lock_timeout', %s, false)",
+                [f"{min(before, wanted) if before else wanted}ms"],
             )
     try:
         yield
@@ -283,7 +285,9 @@ def lock_wait_at_most(connection: Any, seconds: float) -> Iterator[None]:
                     elif vendor == "mysql":
                         cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(before)}")
                     elif vendor == "postgresql":
-                        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [before])
+                        cursor.execute(
+                            "SELECT set_config('lock_timeout', %s, false)", [f"{int(before)}ms"]
+                        )
         except DatabaseError:
             connection.close()  # a session left with the short wait would be wrong: a new one
 

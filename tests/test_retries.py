@@ -243,3 +243,23 @@ def test_a_connection_whose_session_setup_failed_is_never_used(settings):
     thread.start()
     thread.join(60)
     assert seen == {"lock wait": 2000}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retrys_lock_wait_is_only_ever_lowered_and_is_restored_after_it():
+    """A retry with 20 s left on a session whose own lock wait is 1 s keeps the 1 s (never
+    raised), one with 0.5 s left lowers it to 0.5 s, and the session's wait is as before after."""
+    from agentmemory.vendors import lock_wait_at_most, set_lock_wait
+
+    connection.ensure_connection()
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 1000")
+    else:
+        set_lock_wait(connection, 1)
+    with lock_wait_at_most(connection, 20):
+        assert lock_wait_of_this_session() == 1000
+    if connection.vendor != "mysql":  # MySQL's wait is in whole seconds: 1 s is its least
+        with lock_wait_at_most(connection, 0.5):
+            assert lock_wait_of_this_session() == 500
+    assert lock_wait_of_this_session() == 1000
