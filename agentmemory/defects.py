@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from enum import StrEnum
 
 
@@ -108,58 +108,59 @@ _armed = threading.local()
 
 
 @contextmanager
-def fail_after_first_key() -> Iterator[None]:
-    """Inside this block, this thread's next multi-key write fails after writing its first key:
-    nothing of it may remain (``remember_many`` is all or nothing)."""
-    _armed.on = True
+def _arming(failpoint: str) -> Iterator[None]:
+    """Arm ``failpoint`` for this thread inside the block (it fires once, at most)."""
+    setattr(_armed, failpoint, True)
     try:
         yield
     finally:
-        _armed.on = False
+        setattr(_armed, failpoint, False)
+
+
+def _fires(failpoint: str) -> bool:
+    """Whether ``failpoint`` is armed on this thread; it is disarmed by firing."""
+    if not getattr(_armed, failpoint, False):
+        return False
+    setattr(_armed, failpoint, False)
+    return True
+
+
+def fail_after_first_key() -> AbstractContextManager[None]:
+    """Inside this block, this thread's next multi-key write fails after writing its first key:
+    nothing of it may remain (``remember_many`` is all or nothing)."""
+    return _arming("first_key")
 
 
 def failpoint_after_first_key() -> None:
     """Called by the write path after the first key of a multi-key write."""
-    if getattr(_armed, "on", False):
-        _armed.on = False
+    if _fires("first_key"):
         raise InjectedFailure("remember_many failed after its first key (an injected failure)")
 
 
-@contextmanager
-def fail_session_setup() -> Iterator[None]:
+def fail_session_setup() -> AbstractContextManager[None]:
     """Inside this block, the next database connection this thread opens fails while the store
     sets its session up (causal reads, the lock-wait bound), before any setting is applied --
     as a SET fails on a Galera node that is still joining. The store must then close that
     connection: one left open would be used later without its settings."""
-    _armed.session = True
-    try:
-        yield
-    finally:
-        _armed.session = False
+    return _arming("session_setup")
 
 
 def failpoint_session_setup() -> None:
     """Called when a new connection's session is set up, before the first setting."""
-    if getattr(_armed, "session", False):
-        _armed.session = False
+    if _fires("session_setup"):
         raise InjectedFailure("the session setup of a new connection failed (an injected failure)")
 
 
-@contextmanager
-def die_after_commit() -> Iterator[None]:
+def die_after_commit() -> AbstractContextManager[None]:
     """Inside this block, this process dies (SIGKILL, as the OOM killer or a node's power does it)
     right after its next write commits, before the write updates the Redis tier: what a reader
     then gets from Redis must be the committed version or a miss, never the version before."""
-    _armed.die = True
-    try:
-        yield
-    finally:
-        _armed.die = False
+    return _arming("after_commit")
 
 
 def failpoint_after_commit() -> None:
     """Called by the write path after COMMIT, before the Redis tier's update."""
-    if getattr(_armed, "die", False):
+    if _fires("after_commit"):
         import os
         import signal
 
