@@ -14,7 +14,7 @@ from django.db import connections
 from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, get_config
 from .errors import InvalidMemory
 from .semantic import index_problems
-from .validation import check_ttl
+from .validation import check_ttl, short_repr
 from .vendors import flavor, galera_status, is_galera
 
 TIDB_MINIMUM = (6, 5)
@@ -50,7 +50,7 @@ def check_settings_dict(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         return []
     return [
         Error(
-            f"AGENTMEMORY is {_short(user)}; it must be a dict of settings.",
+            f"AGENTMEMORY is {short_repr(user, 60)}; it must be a dict of settings.",
             hint='For example AGENTMEMORY = {"CACHE": "agentmemory"}.',
             id="agentmemory.E021",
         )
@@ -377,11 +377,6 @@ SETTINGS_CHECKS = (
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """Every check of the ``AGENTMEMORY`` dict (each is also registered on its own)."""
     return [error for check in SETTINGS_CHECKS for error in check(app_configs, **kwargs)]
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT", "CACHE_MB", "MODEL"})

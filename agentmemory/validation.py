@@ -164,7 +164,7 @@ def check_version(field: str, version: Any, *, minimum: int, maximum: int = VERS
     if version < minimum:
         raise InvalidMemory(field, f"must be >= {minimum}, got {version}")
     if version > maximum:
-        raise InvalidMemory(field, f"must be <= {maximum}, got {_short(version)}")
+        raise InvalidMemory(field, f"must be <= {maximum}, got {short_repr(version)}")
     return version
 
 
@@ -188,7 +188,7 @@ def check_ttl(ttl: Any) -> timedelta | None:
         raise InvalidMemory(
             "ttl",
             f"must be from {TTL_MIN_SECONDS} to {TTL_MAX_SECONDS} seconds (100 years), got "
-            f"{_short(ttl)}",
+            f"{short_repr(ttl)}",
         )
     return timedelta(seconds=seconds)
 
@@ -196,15 +196,16 @@ def check_ttl(ttl: Any) -> timedelta | None:
 def check_days(field: str, days: Any) -> float:
     """A number of days, > 0 and at most 100 years."""
     if isinstance(days, bool) or not isinstance(days, int | float):
-        raise InvalidMemory(field, f"must be a number of days, got {_short(days)}")
+        raise InvalidMemory(field, f"must be a number of days, got {short_repr(days)}")
     if math.isnan(days) or not 0 < days <= TTL_MAX_SECONDS / 86400:
-        raise InvalidMemory(field, f"must be > 0 and at most 36500 days, got {_short(days)}")
+        raise InvalidMemory(field, f"must be > 0 and at most 36500 days, got {short_repr(days)}")
     return float(days)
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters for a message."""
     text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_json(value: Any) -> None:
