@@ -123,6 +123,10 @@ class WritePath:
         is read or decoded, so no value, however it was written, can stop an erasure), and the
         Redis entries of its keys after the commit. Returns the number of memories deleted."""
 
+        # Every key any attempt saw: an attempt whose COMMIT landed but whose answer was lost
+        # (a node killed) left its Redis entries; the retry finds no rows, and must drop them.
+        seen: set[str] = set()
+
         def attempt(_retry: bool) -> int:
             connection = connections[self.using]
             keys = list(
@@ -130,12 +134,13 @@ class WritePath:
                 .filter(session_id=session_id)
                 .values_list("key", flat=True)
             )
+            seen.update(keys)
             with connection.cursor() as cursor:
                 for statement in statements_for(connection).erase_session:
                     cursor.execute(statement, [session_id])
-            if self.cache is not None and keys and Defect.ERASE_LEAVES_CACHE not in self.defects:
-                cache = self.cache
-                transaction.on_commit(lambda: cache.erased(session_id, keys), using=self.using)
+            if self.cache is not None and seen and Defect.ERASE_LEAVES_CACHE not in self.defects:
+                cache, dropped = self.cache, sorted(seen)
+                transaction.on_commit(lambda: cache.erased(session_id, dropped), using=self.using)
             return len(keys)
 
         with self._only_write():
