@@ -591,9 +591,7 @@ class MemoryCache:
 
     def _record_pending(self, session_id: str, keys: list[str]) -> None:
         try:
-            PendingInvalidation.objects.using(self.using).bulk_create(
-                [PendingInvalidation(session_id=session_id, key=key) for key in keys]
-            )
+            PendingInvalidation.record(self.using, session_id, keys)
             oldest = (
                 PendingInvalidation.objects.using(self.using)
                 .order_by("id")

@@ -70,14 +70,18 @@ DEFAULTS: dict[str, Any] = {
     "SEARCH": None,
 }
 
+#: What an ``AGENTMEMORY["SEARCH"]`` dict that names an embedder gets for the keys it leaves out
+#: (``EMBED`` and ``DIMS`` have no default: they are the index).
+SEARCH_DEFAULTS: dict[str, Any] = {"FIELDS": ["$"], "TIMEOUT": 30.0, "CACHE_MB": 256, "MODEL": None}
+SEARCH_KEYS = frozenset({"EMBED", "DIMS", *SEARCH_DEFAULTS})
 RETRY_KEYS = frozenset(DEFAULTS["RETRY"])
 RETENTION_KEYS = frozenset(DEFAULTS["HISTORY_RETENTION"])
 
 
 @cache
 def get_config() -> dict[str, Any]:
-    """The settings, merged over :data:`DEFAULTS` (and ``RETRY``, ``HISTORY_RETENTION`` over
-    theirs). Settings of the wrong type are not read here: the system checks name each one
+    """The settings, merged over :data:`DEFAULTS` (``RETRY``, ``HISTORY_RETENTION`` over theirs,
+    and a ``SEARCH`` dict over :data:`SEARCH_DEFAULTS`). Settings of the wrong type are not read here: the system checks name each one
     (agentmemory.E021, E008, E016...), and this never raises."""
     user = getattr(settings, "AGENTMEMORY", {}) or {}
     if not isinstance(user, Mapping):
@@ -86,6 +90,9 @@ def get_config() -> dict[str, Any]:
     for name in ("RETRY", "HISTORY_RETENTION"):
         given = user.get(name) or {}
         config[name] = {**DEFAULTS[name], **(given if isinstance(given, Mapping) else {})}
+    search = config["SEARCH"]
+    if isinstance(search, Mapping) and search:
+        config["SEARCH"] = {**SEARCH_DEFAULTS, **search}
     return config
 
 

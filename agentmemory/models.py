@@ -7,6 +7,7 @@ and re-creation, and the history rows keep their parent.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import models
@@ -137,3 +138,8 @@ class PendingInvalidation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}/{self.key} pending since {self.created_at}"
+
+    @classmethod
+    def record(cls, using: str, session_id: str, keys: Iterable[str]) -> None:
+        """Record these keys of the session as pending (the one place that does)."""
+        cls.objects.using(using).bulk_create([cls(session_id=session_id, key=key) for key in keys])

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from .conf import get_config
 from .errors import MemoryUnavailable
@@ -77,6 +77,21 @@ class Retrier:
             cause=error,
             attempts=number,
         ) from error
+
+    def atomic(self, attempt: Callable[[bool], T], connection: Any = None) -> T:
+        """:meth:`run` with each attempt in its own ``transaction.atomic``: a transaction retried
+        as a whole (inside a caller's transaction, a savepoint, not retried)."""
+
+        def in_transaction(retry: bool) -> T:
+            with transaction.atomic(using=self.using):
+                return attempt(retry)
+
+        return self.run(in_transaction, connection)
+
+    def read(self, work: Callable[[], T], connection: Any = None) -> T:
+        """:meth:`run` for a read: ``work()`` again when its connection drops or a lock times
+        out (a connection killed between two calls fails the next one, whichever it is)."""
+        return self.run(lambda _retry: work(), connection)
 
     def _absorb(self, exc: DatabaseError, policy: dict[str, Any], connection: Any) -> None:
         """Count a transient error (and drop a dead connection); re-raise any other."""

@@ -34,7 +34,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .errors import EmbeddingFailed, InvalidMemory
-from .validation import INDEX_TEXTS_MAX
+from .validation import DIMS_MAX, INDEX_TEXTS_MAX
 
 #: Fields of a value that a filter may name: letters, digits, ``_``, ``.``, ``-``.
 FILTER_FIELD = re.compile(r"^[a-zA-Z0-9_.-]+$")
@@ -46,8 +46,6 @@ OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "$lt": lambda a, b: a < b,
     "$lte": lambda a, b: a <= b,
 }
-#: The most results one search returns.
-SEARCH_LIMIT_MAX = 1000
 _PATH_TOKEN = re.compile(r"\[(\*|-?\d+)\]|([^.\[\]]+)")
 
 
@@ -84,16 +82,16 @@ class Index:
 
     @classmethod
     def from_settings(cls, config: Mapping[str, Any] | None) -> Index | None:
-        """``AGENTMEMORY["SEARCH"]`` (``{"EMBED", "DIMS", "FIELDS", "TIMEOUT", "MODEL"}``) as an
-        Index."""
+        """``AGENTMEMORY["SEARCH"]`` as :func:`~agentmemory.conf.get_config` merged it over
+        :data:`~agentmemory.conf.SEARCH_DEFAULTS`, as an Index (None: no index)."""
         if not config:
             return None
         return cls(
             embed=config["EMBED"],
             dims=config["DIMS"],
-            fields=tuple(config.get("FIELDS") or ("$",)),
-            timeout=config.get("TIMEOUT", 30.0),
-            model=config.get("MODEL"),
+            fields=tuple(config["FIELDS"] or ("$",)),
+            timeout=config["TIMEOUT"],
+            model=config["MODEL"],
         )
 
     # ---------------------------------------------------------------- the model's fingerprint
@@ -262,6 +260,19 @@ def vector_key() -> int:
     """A new random name for vectors about to be stored: 63 bits, so no two writes ever share
     one -- not even a rolled-back write and the one that reuses its row id and version number."""
     return secrets.randbits(63)
+
+
+def named(vector: bytes | None) -> int | None:
+    """A new name for vectors about to be written, and, in a process that searches, the vectors
+    into its cache under it (a search here will not read them back; a name is never reused, so
+    even a write that rolls back leaves nothing wrong there)."""
+    if vector is None:  # every write without a semantic index: nothing to name or keep
+        return None
+    name = vector_key()
+    cache = vector_cache()
+    if cache.searched:
+        cache.put(name, unpack(vector), model_of(vector))
+    return name
 
 
 class VectorCache:
@@ -434,9 +445,9 @@ def settings_index() -> Index | None:
 def vector_cache() -> VectorCache:
     """The process's :class:`VectorCache`, of ``AGENTMEMORY["SEARCH"]["CACHE_MB"]`` (default
     256; 0: no cache, every search reads the vectors from the database)."""
-    from .conf import get_config
+    from .conf import SEARCH_DEFAULTS, get_config
 
-    megabytes = (get_config()["SEARCH"] or {}).get("CACHE_MB", 256)
+    megabytes = (get_config()["SEARCH"] or SEARCH_DEFAULTS)["CACHE_MB"]
     return VectorCache(int(megabytes * 1024 * 1024))
 
 
@@ -454,8 +465,8 @@ def index_problems(embed: Any, dims: Any, fields: Any, timeout: Any) -> list[str
             f"EMBED must be a callable list[str] -> list[list[float]], a LangChain Embeddings "
             f"or a dotted path to one, got {type(embed).__name__}"
         )
-    if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= 16_000:
-        problems.append(f"DIMS must be an int from 1 to 16000, got {dims!r}")
+    if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= DIMS_MAX:
+        problems.append(f"DIMS must be an int from 1 to {DIMS_MAX}, got {dims!r}")
     if isinstance(fields, str) or not isinstance(fields, Sequence) or not fields:
         problems.append(
             f'FIELDS must be a non-empty list of JSON paths such as ["$"], got {fields!r}'

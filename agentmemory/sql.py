@@ -20,7 +20,8 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from .models import Memory, MemoryVersion
+from .models import Memory, MemoryVersion, is_live
+from .records import MemoryRecord, ScoredMemory
 from .vendors import json_placeholder
 
 _UNSET: Any = object()
@@ -54,6 +55,42 @@ class LockedRow:
 
 def decode_json(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, str | bytes) else raw
+
+
+#: The columns a record is read from, in this order, wherever one is read as the driver returns
+#: it (``read_keys``, ``recall_many``, a search's results): :func:`record_from_row` decodes them.
+RECORD_COLUMNS = ("key", "state", "value", "version", "created_at", "updated_at", "expires_at")
+
+
+def record_from_row(
+    session_id: str, row: Sequence[Any], *, now: datetime | None = None, score: float | None = None
+) -> MemoryRecord | None:
+    """The record of a driver row of :data:`RECORD_COLUMNS`; with ``now``, None unless the row
+    :func:`~agentmemory.models.is_live` then; with ``score``, a :class:`ScoredMemory`."""
+    key, state, raw, version, created, updated, expires = row
+    expires_at = to_datetime(expires)
+    if now is not None and not is_live(state, expires_at, now):
+        return None
+    fields = (
+        session_id,
+        key,
+        decode_json(raw),
+        version,
+        to_datetime(created),
+        to_datetime(updated),
+        expires_at,
+    )
+    if score is None:
+        return MemoryRecord(*fields)  # type: ignore[arg-type]
+    return ScoredMemory(*fields, score)  # type: ignore[arg-type]
+
+
+def locked_row(row: Sequence[Any]) -> LockedRow:
+    """The :class:`LockedRow` of a driver row of the ``lock``/``read_row`` statements."""
+    row_id, session_id, key, version, state, raw, created, expires = row
+    created_at = to_datetime(created)
+    assert created_at is not None
+    return LockedRow(row_id, session_id, key, version, state, raw, created_at, to_datetime(expires))
 
 
 def to_datetime(raw: Any) -> datetime | None:
@@ -92,10 +129,60 @@ class Statements:
     # PostgreSQL: update_row and insert_version in one statement (the locked path under its row
     # lock: one round trip fewer while other writers of the key wait). None elsewhere.
     append: str | None = None
+    # Whether blind_write/upsert_write insert the history version themselves (PostgreSQL).
+    history_in_statement: bool = False
 
     def read_keys(self, count: int) -> str:
-        """The rows of ``count`` keys of one session, whatever their state."""
+        """The rows of ``count`` keys of one session, whatever their state (parameters: the
+        session id, then the keys; columns: :data:`RECORD_COLUMNS`)."""
         return _read_keys(self.quote_key, count)
+
+    def blind(
+        self,
+        session_id: str,
+        key: str,
+        text: str | None,
+        at: Any,
+        until: Any,
+        vector: bytes | None,
+        name: int | None,
+        expected: int | None,
+        request_id: str,
+    ) -> tuple[str, list[Any], bool]:
+        """The one-statement write (``blind_write``, or ``upsert_write`` when there is no
+        expected version and the vendor has it) with its parameters, and whether the history
+        version must still be inserted after it (``insert_version``): SQLite's ``RETURNING``
+        cannot feed an insert, PostgreSQL's CTE does it in the same statement."""
+        assert self.blind_write is not None
+        if expected is None and self.upsert_write is not None:
+            sql = self.upsert_write
+            params = [session_id, key, text, at, at, until, vector, name, at]
+        else:
+            sql = self.blind_write
+            params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
+        if self.history_in_statement:
+            params += [text, at, until, request_id, vector]
+        return sql, params, not self.history_in_statement
+
+    def appended(
+        self,
+        row: LockedRow,
+        op: str,
+        text: str | None,
+        at: Any,
+        until: Any,
+        created: Any,
+        request_id: str,
+        vector: bytes | None,
+        name: int | None,
+    ) -> list[tuple[str, list[Any]]]:
+        """The statements (one on PostgreSQL, two elsewhere) that make the live row match its
+        new version ``row.version`` and append that version to the history."""
+        update = [row.version, text, row.state, created, at, until, vector, name]
+        insert = [row.id, row.version, op, text, at, until, request_id, vector]
+        if self.append is not None:
+            return [(self.append, [*update, row.id, *insert])]
+        return [(self.update_row, [*update, row.id]), (self.insert_version, insert)]
 
 
 def build_statements(
@@ -190,15 +277,17 @@ def build_statements(
         blind_write=blind_write,
         upsert_write=upsert_write,
         append=append,
+        history_in_statement=vendor == "postgresql",
     )
 
 
 @lru_cache(maxsize=256)  # bounded: recall_many may be called with any number of keys
 def _read_keys(quote_key: str, count: int) -> str:
     placeholders = ", ".join(["%s"] * count)
+    columns = ", ".join(quote_key if name == "key" else name for name in RECORD_COLUMNS)
     return (
-        f"SELECT {quote_key}, state, value, version, created_at, updated_at, expires_at "
-        f"FROM {Memory._meta.db_table} WHERE session_id = %s AND {quote_key} IN ({placeholders})"
+        f"SELECT {columns} FROM {Memory._meta.db_table} "
+        f"WHERE session_id = %s AND {quote_key} IN ({placeholders})"
     )
 
 
@@ -270,6 +359,14 @@ def run(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...
             return cursor.fetchall() if cursor.description is not None else []
         finally:
             cursor.close()
+
+
+def run_query(connection: Any, queryset: Any) -> list[tuple[Any, ...]]:
+    """A query the ORM builds (filters that depend on the vendor, a list of ids), run by
+    :func:`run`: its rows as the driver returns them, decoded by the caller (for
+    :func:`record_from_row`, as the hand-written statements' rows are)."""
+    sql, params = queryset.query.get_compiler(connection=connection).as_sql()
+    return run(connection, sql, params)
 
 
 def encode_json(value: Any) -> str | None:

@@ -29,6 +29,14 @@ VERSION_MAX = 2**63 - 1
 #: Most texts one value may have embedded (the paths of ``index=`` / ``FIELDS`` can match a
 #: whole list): each is a vector of DIMS floats stored on the live row and on the version.
 INDEX_TEXTS_MAX = 256
+#: Longest vector an index may make (``DIMS``; 16,000 float32 are 64 KB a text).
+DIMS_MAX = 16_000
+#: The largest page ``history(limit=...)`` returns.
+HISTORY_PAGE_MAX = 10_000
+#: The most results one search returns, and the furthest one may page (``offset``): a search
+#: reads and scores ``offset + limit`` memories whole.
+SEARCH_LIMIT_MAX = 1000
+SEARCH_OFFSET_MAX = 100_000
 #: Bidirectional-text controls: they make an id display as another ("live" reads "evil") in the
 #: admin, logs and terminals.
 BIDI_CONTROLS = frozenset(
@@ -263,6 +271,15 @@ def _check_encodable(path: str, text: str) -> None:
             f"{path} contains a lone surrogate (U+{ord(text[error.start]):04X} at "
             f"{error.start}), which is not Unicode text",
         ) from None
+
+
+def check_value(value: Any) -> Any:
+    """A decoded copy of ``value`` if it may be stored (:func:`encode_value` under
+    ``MAX_VALUE_BYTES``, read at each use so that ``override_settings`` applies): the caller's
+    later mutations cannot reach what was stored or returned."""
+    from .conf import get_config
+
+    return json.loads(encode_value(value, get_config()["MAX_VALUE_BYTES"]))
 
 
 def encode_value(value: Any, max_bytes: int) -> str:

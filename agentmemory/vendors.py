@@ -173,6 +173,12 @@ def prefix_filter(connection: Any, field: str, prefix: str) -> Q:
     return Q(**{f"{field}__gte": prefix, f"{field}__lt": upper})
 
 
+def has_prefix(text: str, prefix: str | None) -> bool:
+    """The exact test after :func:`prefix_filter` (None: no prefix), whatever the database's
+    collation made of the filter: every reader of a prefix applies it to what it read."""
+    return prefix is None or text.startswith(prefix)
+
+
 def prefix_successor(prefix: str) -> str | None:
     """The smallest string greater than every string starting with ``prefix``."""
     while prefix:

@@ -32,8 +32,8 @@ from .errors import InvalidMemory, ReentrantWrite, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
-from .semantic import model_of, unpack, vector_cache, vector_key
-from .sql import LockedRow, encode_json, run, statements_for, to_datetime
+from .semantic import named
+from .sql import LockedRow, encode_json, locked_row, run, statements_for, to_datetime
 from .vendors import insert_if_missing
 
 #: With ``row_lock=False``: seconds between the unlocked read and the write (the gap an agent's
@@ -144,7 +144,12 @@ class WritePath:
             return len(keys)
 
         with self._only_write():
-            return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+            return self.retrier.atomic(attempt)
+
+    def retire(self, session_id: str, key: str, op: str) -> bool:
+        """A ``forget`` or due ``expire`` version of one key (``forget_session``,
+        ``purge_expired``); True if a live memory was retired."""
+        return bool(self.write(session_id, {key: Change(op, create=False)})[key])
 
     def reindex(self, memory_id: int, version: int, vector: bytes | None) -> bool:
         """New vectors for the live row's value, in place, if the row is still live at
@@ -202,12 +207,12 @@ class WritePath:
             # It did not apply (a passed TTL, a version that does not match, a new key with an
             # expected version): the locked attempt must not run the same statement again.
             changes = {key: dataclasses.replace(change, blind=False)}
-        return self._atomic(self._locked_attempt(session_id, changes, None), retry)
+        with transaction.atomic(using=self.using):
+            return self._locked_attempt(session_id, changes, None)(retry)
 
     def _locked_write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         observed = None if self.row_lock else self._observe(session_id, sorted(changes))
-        attempt = self._locked_attempt(session_id, changes, observed)
-        return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+        return self.retrier.atomic(self._locked_attempt(session_id, changes, observed))
 
     def _locked_attempt(
         self, session_id: str, changes: dict[str, Change], observed: Any
@@ -232,9 +237,7 @@ class WritePath:
                 if committing and not cache.writing(session_id, committing):
                     # Redis cannot take the tombstones: the keys are recorded as pending in this
                     # very transaction, so even a writer that dies after COMMIT leaves them.
-                    PendingInvalidation.objects.using(self.using).bulk_create(
-                        [PendingInvalidation(session_id=session_id, key=k) for k in committing]
-                    )
+                    PendingInvalidation.record(self.using, session_id, committing)
                 # The update only after the commit: a rolled-back attempt leaves at most
                 # tombstones (misses), never a version that was not committed.
                 transaction.on_commit(
@@ -244,10 +247,6 @@ class WritePath:
             return results
 
         return attempt
-
-    def _atomic(self, attempt: Callable[[bool], Any], retry: bool) -> Any:
-        with transaction.atomic(using=self.using):
-            return attempt(retry)
 
     def _apply(
         self,
@@ -345,22 +344,23 @@ class WritePath:
         value = change.compute(None)
         expires_at = _expires_at(change, now)
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
-        expected, vector = change.expected_version, change.vector
-        name = named(vector)
-        postgres = connection.vendor == "postgresql"
-        if expected is None and statements.upsert_write is not None:  # PostgreSQL
-            sql = statements.upsert_write
-            params = [session_id, key, text, at, at, until, vector, name, at]
-        else:
-            sql = statements.blind_write
-            params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
-        if postgres:
-            params += [text, at, until, change.request_id, vector]
+        vector = change.vector
+        sql, params, then_history = statements.blind(
+            session_id,
+            key,
+            text,
+            at,
+            until,
+            vector,
+            named(vector),
+            change.expected_version,
+            change.request_id,
+        )
         found = run(connection, sql, params)
         if not found:
             return None
         ((row_id, version, created),) = found
-        if not postgres:
+        if then_history:
             run(
                 connection,
                 statements.insert_version,
@@ -402,12 +402,7 @@ class WritePath:
         connection = connections[self.using]
         statements = statements_for(connection)
         found = run(connection, statements.lock if lock else statements.read_row, [session_id, key])
-        if not found:
-            return None
-        ((row_id, session_id, key, version, state, raw, created, expires),) = found
-        return LockedRow(
-            row_id, session_id, key, version, state, raw, to_datetime(created), to_datetime(expires)
-        )
+        return locked_row(found[0]) if found else None
 
     def _append(
         self,
@@ -430,14 +425,11 @@ class WritePath:
         connection = connections[self.using]
         statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
-        name = named(vector)
-        update = [row.version, text, row.state, adapt(row.created_at), at, until, vector, name]
-        insert = [row.id, row.version, op, text, at, until, request_id, vector]
-        if statements.append is not None:  # PostgreSQL: both in one statement
-            run(connection, statements.append, [*update, row.id, *insert])
-        else:
-            run(connection, statements.update_row, [*update, row.id])
-            run(connection, statements.insert_version, insert)
+        created = adapt(row.created_at)
+        for sql, params in statements.appended(
+            row, op, text, at, until, created, request_id, vector, named(vector)
+        ):
+            run(connection, sql, params)
 
     def _find_request(self, row: LockedRow, request_id: str) -> Any:
         """The result of an earlier attempt or call with the same request id, if it committed."""
@@ -509,25 +501,12 @@ class WritePath:
             return pruned
 
         with self._only_write():
-            return self.retrier.run(lambda retry: self._atomic(attempt, retry))
+            return self.retrier.atomic(attempt)
 
 
 _LOCKED: Any = object()
 #: The database aliases this thread is writing to now (``WritePath._only_write``).
 _writing = threading.local()
-
-
-def named(vector: bytes | None) -> int | None:
-    """A new name for vectors about to be written, and, in a process that searches, the vectors
-    into its cache under it (a search here will not read them back; a name is never reused, so
-    even a write that rolls back leaves nothing wrong there)."""
-    if vector is None:  # every write without a semantic index: nothing to name or keep
-        return None
-    name = vector_key()
-    cache = vector_cache()
-    if cache.searched:
-        cache.put(name, unpack(vector), model_of(vector))
-    return name
 
 
 def default_ttl() -> timedelta | None:

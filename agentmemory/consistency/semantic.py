@@ -10,7 +10,7 @@ from functools import cache
 from typing import Any
 
 from ..semantic import Index
-from ..testing.embeddings import HashEmbedder
+from ..embedders import HashEmbedder
 
 DIMS = 64
 FIELD = "text"
