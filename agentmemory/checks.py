@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, get_config
+from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, SEARCH_DEFAULTS, SEARCH_KEYS, get_config
 from .errors import InvalidMemory
 from .semantic import index_problems
 from .validation import check_ttl, short_repr
@@ -348,9 +348,24 @@ def check_causal_reads_setting(app_configs: Any = None, **kwargs: Any) -> list[E
 
 @register()
 def check_search(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """E019 and E020: the semantic index."""
+    """E019: the semantic index can be built."""
     config = _config()
     return [] if config is None else search_errors(config["SEARCH"])
+
+
+@register()
+def check_search_numpy(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E020: numpy, which scores the vectors, is installed when there is a semantic index."""
+    config = _config()
+    if config is None or not config["SEARCH"] or importlib.util.find_spec("numpy"):
+        return []
+    return [
+        Error(
+            "AGENTMEMORY['SEARCH'] is set, but numpy, which scores the vectors, is not installed.",
+            hint="pip install 'django-agentmemory[search]'",
+            id="agentmemory.E020",
+        )
+    ]
 
 
 #: The settings checks, in the order ``check_settings`` runs them.
@@ -370,6 +385,7 @@ SETTINGS_CHECKS = (
     check_default_ttl,
     check_async_threads,
     check_search,
+    check_search_numpy,
     check_max_value_bytes,
 )
 
@@ -379,12 +395,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return [error for check in SETTINGS_CHECKS for error in check(app_configs, **kwargs)]
 
 
-SEARCH_KEYS = frozenset({"EMBED", "DIMS", "FIELDS", "TIMEOUT", "CACHE_MB", "MODEL"})
-
-
 def search_errors(search: Any) -> list[Error]:
-    """``AGENTMEMORY["SEARCH"]``: None, or a semantic index that can be built (E019), with numpy
-    installed to score it (E020)."""
+    """``AGENTMEMORY["SEARCH"]``: None, or a semantic index that can be built (E019)."""
     if search is None:
         return []
     hint = (
@@ -399,10 +411,10 @@ def search_errors(search: Any) -> list[Error]:
         problems = index_problems(
             search["EMBED"],
             search["DIMS"],
-            search.get("FIELDS", ["$"]),
-            search.get("TIMEOUT", 30.0),
+            search.get("FIELDS", SEARCH_DEFAULTS["FIELDS"]),
+            search.get("TIMEOUT", SEARCH_DEFAULTS["TIMEOUT"]),
         )
-        megabytes = search.get("CACHE_MB", 256)
+        megabytes = search.get("CACHE_MB", SEARCH_DEFAULTS["CACHE_MB"])
         if (
             isinstance(megabytes, bool)
             or not isinstance(megabytes, int | float)
@@ -414,20 +426,10 @@ def search_errors(search: Any) -> list[Error]:
             problems.append(
                 f"MODEL must be the model's name, a str of 1-200 characters, got {model!r}"
             )
-    errors = [
+    return [
         Error(f"AGENTMEMORY['SEARCH']: {problem}.", hint=hint, id="agentmemory.E019")
         for problem in problems
     ]
-    if importlib.util.find_spec("numpy") is None:
-        errors.append(
-            Error(
-                "AGENTMEMORY['SEARCH'] is set, but numpy, which scores the vectors, is not "
-                "installed.",
-                hint="pip install 'django-agentmemory[search]'",
-                id="agentmemory.E020",
-            )
-        )
-    return errors
 
 
 @register()

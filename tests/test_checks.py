@@ -265,3 +265,34 @@ def test_galera_node_settings_that_break_a_guarantee_are_reported(status, causal
     from agentmemory.checks import galera_errors
 
     assert ids(galera_errors("node", status, causal)) == expected
+
+
+NUMPY_MISSING = """
+import sys
+sys.modules["numpy"] = None  # what an interpreter without numpy finds: no spec, no import
+import django
+from django.core.checks import run_checks
+from django.test.utils import override_settings
+django.setup()
+search = {"EMBED": "agentmemory.testing.embeddings.embed", "DIMS": 64}
+with override_settings(AGENTMEMORY={"SEARCH": search}):
+    errors = [m for m in run_checks() if m.id.startswith("agentmemory.")]
+    print([m.id for m in errors], errors[0].hint if errors else "")
+with override_settings(AGENTMEMORY={"SEARCH": None}):
+    print([m.id for m in run_checks() if m.id.startswith("agentmemory.")])
+"""
+
+
+def test_a_search_index_without_numpy_is_an_error_with_the_install_line():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", NUMPY_MISSING], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    with_index, without = done.stdout.splitlines()
+    assert with_index == "['agentmemory.E020'] pip install 'django-agentmemory[search]'"
+    assert without == "[]"
