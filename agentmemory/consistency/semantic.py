@@ -9,8 +9,8 @@ import math
 from functools import cache
 from typing import Any
 
-from ..semantic import Index
 from ..embedders import HashEmbedder
+from ..semantic import Index
 
 DIMS = 64
 FIELD = "text"
