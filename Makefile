@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv themselves on a fresh machine.
-.PHONY: memcheck test matrix demo bench bench-quick lint
+.PHONY: memcheck test matrix demo bench bench-quick lint docs
 
 # The main job: memcheck on the embedded SQLite default.
 memcheck:
@@ -41,3 +41,8 @@ bench-quick:
 
 lint:
 	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .
+
+# The docs site (mkdocs.yml) into site/, every warning an error; its examples run in `make test`.
+docs:
+	@bash scripts/bootstrap.sh
+	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
