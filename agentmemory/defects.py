@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from enum import StrEnum
+from typing import Any
 
 
 class Defect(StrEnum):
@@ -165,3 +166,23 @@ def failpoint_after_commit() -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def lose_commit_answer() -> AbstractContextManager[None]:
+    """Inside this block, this thread's next transaction of the write path commits on the server
+    and its answer is lost: the client sees a dropped connection (``InterfaceError``), as when a
+    node dies during COMMIT, and the ``on_commit`` work (the Redis tier's update) never runs.
+    The retry must find what the lost attempt committed."""
+    return _arming("commit_answer")
+
+
+def failpoint_commit_answer(connection: Any) -> None:
+    """Called by :meth:`Retrier.atomic <agentmemory.retries.Retrier.atomic>` at the end of an
+    attempt, inside its transaction: commits it on the driver's connection and raises the lost
+    answer (Django then rolls back nothing and drops the transaction's ``on_commit`` hooks).
+    Only the outermost transaction: inside a caller's, the commit would be the caller's."""
+    if len(connection.atomic_blocks) == 1 and _fires("commit_answer"):
+        from django.db import InterfaceError
+
+        connection.connection.commit()
+        raise InterfaceError("the answer to COMMIT was lost (an injected failure)")

@@ -14,13 +14,18 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .conf import get_config
+from .defects import failpoint_commit_answer
 from .errors import MemoryUnavailable
 from .vendors import Transient, classify, lock_wait_at_most
 
 T = TypeVar("T")
+#: What a failed attempt may raise that the policy looks at: Django's ``DatabaseError`` family,
+#: and ``InterfaceError`` -- a connection the driver already knows is closed (psycopg's and
+#: MySQLdb's), which Django does not count as a ``DatabaseError``.
+DATABASE_ERRORS = (DatabaseError, InterfaceError)
 
 
 class Retrier:
@@ -48,7 +53,7 @@ class Retrier:
         started = time.monotonic()
         try:
             return attempt(False)  # the first try reads no policy: most calls end here
-        except DatabaseError as exc:
+        except DATABASE_ERRORS as exc:
             policy = get_config()["RETRY"]
             self._absorb(exc, policy, connection)
             error: BaseException = exc
@@ -67,7 +72,7 @@ class Retrier:
                 # The attempt's lock waits end with the call's deadline.
                 with lock_wait_at_most(connection, left):
                     return attempt(True)
-            except DatabaseError as exc:
+            except DATABASE_ERRORS as exc:
                 self._absorb(exc, policy, connection)
                 error = exc
         spent = time.monotonic() - started
@@ -84,7 +89,9 @@ class Retrier:
 
         def in_transaction(retry: bool) -> T:
             with transaction.atomic(using=self.using):
-                return attempt(retry)
+                result = attempt(retry)
+                failpoint_commit_answer(connections[self.using])
+            return result
 
         return self.run(in_transaction, connection)
 
@@ -93,7 +100,7 @@ class Retrier:
         out (a connection killed between two calls fails the next one, whichever it is)."""
         return self.run(lambda _retry: work(), connection)
 
-    def _absorb(self, exc: DatabaseError, policy: dict[str, Any], connection: Any) -> None:
+    def _absorb(self, exc: Exception, policy: dict[str, Any], connection: Any) -> None:
         """Count a transient error (and drop a dead connection); re-raise any other."""
         kind = classify(exc)
         if kind is None or (kind is Transient.DISCONNECT and not policy["RECONNECT"]):

@@ -141,7 +141,8 @@ class WritePath:
             if self.cache is not None and seen and Defect.ERASE_LEAVES_CACHE not in self.defects:
                 cache, dropped = self.cache, sorted(seen)
                 transaction.on_commit(lambda: cache.erased(session_id, dropped), using=self.using)
-            return len(keys)
+            # An attempt that finds nothing after one whose answer was lost: what that one deleted.
+            return len(seen)
 
         with self._only_write():
             return self.retrier.atomic(attempt)
