@@ -181,7 +181,7 @@ class WritePath:
 
     def _write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         if self._autocommit_blind(changes):
-            return self.retrier.run(lambda retry: self._one_statement(session_id, changes, retry))
+            return self.retrier.run(functools.partial(self._one_statement, session_id, changes))
         return self._locked_write(session_id, changes)
 
     def _autocommit_blind(self, changes: dict[str, Change]) -> bool:

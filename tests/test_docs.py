@@ -46,6 +46,7 @@ def run_example(code: str, namespace: dict, where: str) -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("page", [p for p in PAGES if examples(p)], ids=lambda p: p.name)
 def test_every_example_of_the_page_runs(page):
+    _clear_the_cache_tier()  # the examples' stores use the configured tier, not a namespace
     namespace = {
         "__name__": f"docs.{page.stem}",
         "INSTALLED_APPS": [],
@@ -63,6 +64,19 @@ def test_every_example_of_the_page_runs(page):
             run_example(code, namespace, where)
         except Exception as error:
             raise AssertionError(f"the example at {where} raised {error!r}") from error
+
+
+def _clear_the_cache_tier() -> None:
+    """Empty the Redis tier (the suite's own Redis database) when one is configured: the test
+    database is flushed between pages, and entries of an earlier page's versions would be newer
+    than the next page's (versions restart at 1 in a flushed table)."""
+    from django.core.cache import caches
+
+    from agentmemory.conf import get_config
+
+    alias = get_config()["CACHE"]
+    if alias:
+        caches[alias].clear()
 
 
 def test_only_declared_examples_are_not_run():
