@@ -87,8 +87,24 @@ def cluster_urls(url: str) -> list[str]:
     return [f"{scheme}://{userinfo}{at}{host}{slash}{tail}" for host in hosts.split(",") if host]
 
 
+def postgres_hosts_database(url: str) -> dict:
+    """``postgres://user@h1:p1,h2:p2/name?target_session_attrs=read-write`` -> ONE alias whose
+    HOST and PORT are libpq's host and port lists: psycopg tries the hosts in order and keeps the
+    first that matches ``target_session_attrs`` (read-write: the primary), so after a failover a
+    reconnect lands on the new primary (the local Patroni cluster: scripts/pg-ha.sh)."""
+    urls = cluster_urls(url)
+    database = database_from_url(urls[0])
+    hosts = [dj_database_url.parse(one) for one in urls]
+    database["HOST"] = ",".join(str(one["HOST"]) for one in hosts)
+    database["PORT"] = ",".join(str(one["PORT"] or 5432) for one in hosts)
+    return database
+
+
 def databases_from_url(url: str) -> dict[str, dict]:
-    """Alias ``default`` for the first host, ``node2``, ``node3``, ... for the others."""
+    """Alias ``default`` for the first host, ``node2``, ``node3``, ... for the others; a
+    PostgreSQL URL of several hosts is one alias over all of them (``postgres_hosts_database``)."""
+    if url.startswith(("postgres://", "postgresql://")) and len(cluster_urls(url)) > 1:
+        return {"default": postgres_hosts_database(url)}
     urls = cluster_urls(url)
     aliases = ["default", *(f"node{n}" for n in range(2, len(urls) + 1))]
     databases = {alias: database_from_url(one) for alias, one in zip(aliases, urls, strict=True)}

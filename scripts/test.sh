@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole suite, on every backend: SQLite (embedded), MariaDB, PostgreSQL (Django's default
 # client-side binding, then with prepared statements), and a 3-node MariaDB
-# Galera cluster on this machine (scripts/cluster.sh; its own cross-node tests run there too).
+# Galera cluster on this machine (scripts/cluster.sh; its own cross-node tests run there too), and a
+# PostgreSQL HA cluster under Patroni (scripts/pg-ha.sh; its switchover tests run there too).
 # Installs what it needs (scripts/bootstrap.sh), starts the servers if they are down
 # (scripts/services.sh), then lints, checks migrations, and runs pytest once per backend.
 # A backend that cannot be reached fails the run; nothing is skipped.
@@ -31,8 +32,11 @@ declare -A URLS=(
   # transaction mode sits in between. Django's default above never prepares.
   [postgres-prepared]="postgres://postgres@127.0.0.1:5432/agentmemory?server_side_binding=true&prepare_threshold=5"
   [galera]="$(bash scripts/cluster.sh url)"
+  # A PostgreSQL HA cluster of two nodes under Patroni (scripts/pg-ha.sh): one alias over both
+  # hosts that connects to the primary (target_session_attrs=read-write).
+  [pg-ha]="$(bash scripts/pg-ha.sh url)"
 )
-BACKENDS=${BACKENDS:-"sqlite mariadb postgres postgres-prepared galera"}
+BACKENDS=${BACKENDS:-"sqlite mariadb postgres postgres-prepared galera pg-ha"}
 status=0
 summary=()
 total_passed=0
@@ -43,6 +47,10 @@ for backend in $BACKENDS; do
   fi
   if [ "$backend" = galera ] && ! bash scripts/cluster.sh start; then
     status=1; summary+=("galera: FAILED: the local Galera cluster (scripts/cluster.sh) could not start")
+    continue
+  fi
+  if [ "$backend" = pg-ha ] && ! bash scripts/pg-ha.sh start; then
+    status=1; summary+=("pg-ha: FAILED: the local PostgreSQL HA cluster (scripts/pg-ha.sh) could not start")
     continue
   fi
   echo "== pytest on $backend (${URLS[$backend]})"

@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(config, items):
     """Tests that do not apply to this backend are deselected (never skipped on one where they
     apply): ``server`` tests act on a server connection (SQLite runs in-process); ``cluster``
     tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL);
-    ``postgres`` tests are about PostgreSQL's driver settings."""
+    ``postgres`` tests are about PostgreSQL's driver settings; ``pg_ha`` tests need the local
+    PostgreSQL HA cluster (one alias over several hosts: scripts/pg-ha.sh)."""
     from django.conf import settings
 
     not_here = set()
@@ -50,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
         not_here.add("cluster")
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         not_here.add("postgres")
+    if "," not in str(settings.DATABASES["default"].get("HOST") or ""):
+        not_here.add("pg_ha")
     deselected = [i for i in items if any(i.get_closest_marker(m) for m in not_here)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)

@@ -127,7 +127,9 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
     connection = connections[database]
     if any(k.startswith("db-") for k in kinds) and connection.vendor != "sqlite":
         host = str(connection.settings_dict.get("HOST") or "")
-        if host not in LOOPBACK and not host.startswith("/"):
+        # libpq's host list (a PostgreSQL HA alias): every host of it on this machine.
+        hosts = host.split(",") if connection.vendor == "postgresql" else [host]
+        if not all(one in LOOPBACK or one.startswith("/") for one in hosts):
             raise FaultsUnavailable(
                 f"--faults {mode} kills and locks connections, so it runs only against a database "
                 f"on this machine; {database!r} is on {host!r}"
