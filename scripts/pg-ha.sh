@@ -33,7 +33,8 @@ pg_port() { echo $((5440 + $1)); }
 api_port() { echo $((8040 + $1)); }
 say() { echo "pg-ha: $*" >&2; }
 fail() { say "$*"; exit 1; }
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# A process that runs (a zombie left by a kill, not yet reaped, does not).
+alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^[^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
 pid_in() { cat "$1" 2>/dev/null; }
 
 install_packages() {
@@ -143,7 +144,7 @@ EOF
 start_etcd() {
   alive "$(pid_in "$DIR/etcd.pid")" && return 0
   mkdir -p "$DIR/etcd"
-  etcd --name agentmemory --data-dir "$DIR/etcd/data" \
+  setsid etcd --name agentmemory --data-dir "$DIR/etcd/data" \
     --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT" --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
     --initial-cluster "agentmemory=http://127.0.0.1:$ETCD_PEER" >"$DIR/etcd/etcd.log" 2>&1 &
