@@ -87,10 +87,13 @@ class Retrier:
         """:meth:`run` with each attempt in its own ``transaction.atomic``: a transaction retried
         as a whole (inside a caller's transaction, a savepoint, not retried)."""
 
+        if connection is None:
+            connection = connections[self.using]
+
         def in_transaction(retry: bool) -> T:
             with transaction.atomic(using=self.using):
                 result = attempt(retry)
-                failpoint_commit_answer(connections[self.using])
+                failpoint_commit_answer(connection)
             return result
 
         return self.run(in_transaction, connection)

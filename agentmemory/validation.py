@@ -9,6 +9,7 @@ import unicodedata
 from datetime import timedelta
 from typing import Any
 
+from .conf import get_config
 from .errors import InvalidMemory
 
 SESSION_ID_MAX = 128
@@ -277,8 +278,6 @@ def check_value(value: Any) -> Any:
     """A decoded copy of ``value`` if it may be stored (:func:`encode_value` under
     ``MAX_VALUE_BYTES``, read at each use so that ``override_settings`` applies): the caller's
     later mutations cannot reach what was stored or returned."""
-    from .conf import get_config
-
     return json.loads(encode_value(value, get_config()["MAX_VALUE_BYTES"]))
 
 
