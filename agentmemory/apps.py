@@ -18,10 +18,11 @@ class AgentMemoryConfig(AppConfig):
 
 def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
     """Every new connection: on a Galera node, reads made causal (``AGENTMEMORY["CAUSAL_READS"]``);
-    lock waits bounded by ``AGENTMEMORY["RETRY"]["DEADLINE"]``."""
+    lock waits bounded by ``AGENTMEMORY["RETRY"]["DEADLINE"]``; on PostgreSQL, the database's
+    epoch and the durability of the session's COMMITs learnt, in the same round trip."""
     from .conf import get_config
     from .defects import failpoint_session_setup
-    from .vendors import bound_lock_wait, make_reads_causal
+    from .vendors import bound_lock_wait, make_reads_causal, setup_postgres_session
 
     config = get_config()
     try:
@@ -29,7 +30,9 @@ def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
         if connection.vendor == "mysql" and config["CAUSAL_READS"]:
             make_reads_causal(connection)
         deadline = config["RETRY"].get("DEADLINE")
-        if deadline is not None:
+        if connection.vendor == "postgresql":
+            setup_postgres_session(connection, deadline)
+        elif deadline is not None:
             bound_lock_wait(connection, deadline)
     except BaseException:
         # Django keeps a connection whose connection_created receiver raised: the next call

@@ -32,6 +32,17 @@ acknowledged write (contract semantic 7):
   by another process and is a miss, refilled from the database under a lease. The fence a
   snapshot restores is therefore harmless. ``FLUSHALL`` and eviction only delete (misses).
 
+* **Entries bound to a database epoch.** A database can lose writes it acknowledged too: a
+  PostgreSQL failover to an asynchronous standby. Every entry also records the epoch of the
+  database it came from (:func:`agentmemory.vendors.epoch`: the timeline, which each promotion
+  moves forward, read when a connection opens -- and a failover always breaks connections), and
+  the fence holds the epoch of the reader that renewed it: an entry is trusted only under a fence
+  of its own epoch. The first write or renewal of a newer epoch deletes an older epoch's fence,
+  and a renewal of an older one (a client still reaching a demoted primary) is refused, so after
+  a failover nothing cached before it is served. Between the promotion and that first contact,
+  no fence is left to trust as long as ``CACHE_FENCE_SECONDS`` is shorter than the time the HA
+  manager takes to promote (Patroni: ``ttl - loop_wait - retry_timeout``, 10 s by default).
+
 * **Tombstones before a commit.** Under its row locks, just before COMMIT, a write turns each of
   its entries into a tombstone of the version it is committing: readers miss, and fills of older
   versions are rejected by the version comparison. The after-commit update replaces it. A writer
@@ -72,7 +83,7 @@ from .defects import NONE as NO_DEFECTS
 from .errors import MemoryUnavailable
 from .models import MemoryState, PendingInvalidation, is_live
 from .records import MemoryRecord
-from .vendors import database_identity
+from .vendors import commit_unconfirmed, database_identity, epoch
 
 logger = logging.getLogger("agentmemory.cache")
 
@@ -85,29 +96,53 @@ FILLS_PER_CALL = 100
 #: key is a miss that long. It must outlast the time from the mark to the COMMIT.
 TOMBSTONE_MS = 3_000
 
-# An entry is "<version>|<run_id>|<payload>": the version first, so the scripts compare it without
-# decoding JSON; the run_id of the Redis server process that stored it, so an entry that outlived
-# its server (restored from a snapshot or an AOF, replicated before a failover) is never trusted;
-# the payload is JSON, or "~" for a write in progress (a tombstone: this version is being
-# committed, nothing older may be filled). Written and read only by these scripts and this module.
+# An entry is "<version>|<run_id>/<epoch>|<payload>": the version first, so the scripts compare it
+# without decoding JSON; the stamp: the run_id of the Redis server process that stored it, so an
+# entry that outlived its server (restored from a snapshot or an AOF, replicated before a Redis
+# failover) is never trusted, and the epoch of the database it was read from or written to
+# (vendors.epoch: PostgreSQL's timeline), so an entry cached before a database failover is never
+# trusted after it; the payload is JSON, or "~" for a write in progress (a tombstone: this version
+# is being committed, nothing older may be filled). Written and read only by these scripts and
+# this module.
 #
 # The current server's run_id changes at every restart and differs on a promoted replica: read it
 # from INFO (only when there is an entry to judge, or one to write).
 RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')"
 
+# The fence holds the epoch of the database whose reader renewed it: a reader trusts an entry
+# only if it is stamped with this server's run_id and the fence's epoch. The epoch key (no TTL)
+# holds the newest epoch any writer or renewal has seen: a renewal or a write of an older epoch
+# (a client still on a demoted primary) is refused, and the first write or renewal of a newer
+# one deletes a fence of an older epoch -- from then on no entry cached before the failover is
+# served, whatever it holds. Epochs are hexadecimal (PostgreSQL's timelines), compared as
+# numbers. KEYS[fence], KEYS[epoch key], the caller's epoch in EPOCH: returns false when the
+# caller's epoch is older than the newest seen.
+ADVANCE_EPOCH = """
+local newest = redis.call('GET', {epoch_key})
+local mine = tonumber({epoch}, 16)
+if newest and tonumber(newest, 16) > mine then return false end
+if newest ~= {epoch} then redis.call('SET', {epoch_key}, {epoch}) end
+local fenced = redis.call('GET', {fence})
+if fenced and fenced ~= {epoch} and (tonumber(fenced, 16) or 0) < mine then
+  redis.call('DEL', {fence})
+end
+"""
+
 # KEYS: entry, fence, lease. ARGV: new lease token, lease ms, flags: first '1' if a lease may be
 # taken, second '1' to trust only this server's entries ('0' only with CACHE_PROTECTION off).
 # Returns {trusted entry or false, fence present, redis time ms, lease token or false}. An entry
-# written by another server process, or a tombstone, is no entry: the reader misses and may fill.
+# stamped by another server process or with another epoch than the fence's, or a tombstone, is
+# no entry: the reader misses and may fill.
 READ_SCRIPT = f"""
+local fenced = redis.call('GET', KEYS[2])
+local fence = fenced and 1 or 0
 local entry = redis.call('GET', KEYS[1])
 if entry then
-  local who, kind = string.match(entry, '^%d+|(%x*)|(.)')
-  if kind == '~' or (string.sub(ARGV[3], 2, 2) == '1' and who ~= {RUN_ID}) then
+  local who, kind = string.match(entry, '^%d+|([^|]*)|(.)')
+  if kind == '~' or (string.sub(ARGV[3], 2, 2) == '1' and who ~= {RUN_ID} .. '/' .. (fenced or '')) then
     entry = false
   end
 end
-local fence = redis.call('EXISTS', KEYS[2])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = false
@@ -124,18 +159,19 @@ return {{entry or false, fence, now_ms, lease}}
 # lease. Returns {fence present, redis time ms, then each key's trusted entry or false and its
 # lease token or false}.
 READ_MANY_SCRIPT = f"""
-local fence = redis.call('EXISTS', KEYS[1])
+local fenced = redis.call('GET', KEYS[1])
+local fence = fenced and 1 or 0
 local t = redis.call('TIME')
 local out = {{fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}
 local me = nil
 for i = 1, (#KEYS - 1) / 2 do
   local entry = redis.call('GET', KEYS[2 * i])
   if entry then
-    local who, kind = string.match(entry, '^%d+|(%x*)|(.)')
+    local who, kind = string.match(entry, '^%d+|([^|]*)|(.)')
     if kind == '~' then
       entry = false
     elseif ARGV[2] == '1' then
-      me = me or {RUN_ID}
+      me = me or ({RUN_ID} .. '/' .. (fenced or ''))
       if who ~= me then entry = false end
     end
   end
@@ -151,52 +187,81 @@ end
 return out
 """
 
-# KEYS: entry, lease. ARGV: version, payload, ttl ms, lease token ('' for a write's update).
-# A write's update (no token) deletes the lease, so fills begun before it are rejected.
-# Returns 1 if stored, 0 if rejected: older than this server's entry (or than its tombstone), or
-# the lease is gone. Another server's entry is replaced whatever its version.
-PUT_SCRIPT = f"""
+# KEYS: entry, lease, fence, epoch key. ARGV: version, payload, ttl ms, lease token ('' for a
+# write's update), the database epoch it was read from or written to. A write's update (no token)
+# deletes the lease, so fills begun before it are rejected. Returns 1 if stored, 0 if rejected:
+# older than this server's entry of this epoch (or than its tombstone), the lease is gone, or the
+# epoch is older than the newest seen. Another server's or epoch's entry is replaced whatever its
+# version.
+PUT_SCRIPT = (
+    """
 local token = ARGV[4]
 if token ~= '' then
   if redis.call('GET', KEYS[2]) ~= token then return 0 end
 end
 redis.call('DEL', KEYS[2])
-local me = {RUN_ID}
+"""
+    + ADVANCE_EPOCH.format(epoch_key="KEYS[4]", epoch="ARGV[5]", fence="KEYS[3]").replace(
+        "return false", "return 0"
+    )
+    + f"""
+local me = {RUN_ID} .. '/' .. ARGV[5]
 local new = tonumber(ARGV[1])
 local current = redis.call('GET', KEYS[1])
 if current then
-  local v, who, kind = string.match(current, '^(%d+)|(%x*)|(.)')
+  local v, who, kind = string.match(current, '^(%d+)|([^|]*)|(.)')
   v = tonumber(v)
   if who == me and v and (v > new or (v == new and kind ~= '~')) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. me .. '|' .. ARGV[2], 'PX', ARGV[3])
 return 1
 """
+)
 
 # The FILL_WITHOUT_LEASE defect's fill (memcheck's self-test only): a plain SET, as a naive
 # cache-aside reader does it. Same keys and arguments as PUT_SCRIPT.
 SET_SCRIPT = f"""
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. {RUN_ID} .. '|' .. ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. {RUN_ID} .. '/' .. ARGV[5] .. '|' .. ARGV[2], 'PX', ARGV[3])
 return 1
 """
 
-# Before a write commits, under its row locks. KEYS: entries. ARGV: tombstone ttl ms, then the
-# version each key is about to commit. Each entry becomes a tombstone of that version: readers miss
-# and can fill only that version or newer, so a writer that dies between its commit and its
-# update leaves a miss, never an older version to trust.
-MARK_SCRIPT = f"""
-local me = {RUN_ID}
-for i, key in ipairs(KEYS) do
-  local new = tonumber(ARGV[i + 1])
+# Before a write commits, under its row locks. KEYS: fence, epoch key, then the entries. ARGV:
+# tombstone ttl ms, the database epoch, then the version each key is about to commit. Each entry
+# becomes a tombstone of that version: readers miss and can fill only that version or newer, so a
+# writer that dies between its commit and its update leaves a miss, never an older version to
+# trust. A writer of an older epoch than the newest seen marks nothing (its entries are never
+# trusted) and gets 0.
+MARK_SCRIPT = (
+    ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[2]", fence="KEYS[1]").replace(
+        "return false", "return 0"
+    )
+    + f"""
+local me = {RUN_ID} .. '/' .. ARGV[2]
+for i = 3, #KEYS do
+  local key = KEYS[i]
+  local new = tonumber(ARGV[i])
   local current = redis.call('GET', key)
   local v, who = false, false
-  if current then v, who = string.match(current, '^(%d+)|(%x*)|') end
+  if current then v, who = string.match(current, '^(%d+)|([^|]*)|') end
   if not (who == me and tonumber(v) >= new) then
-    redis.call('SET', key, ARGV[i + 1] .. '|' .. me .. '|~', 'PX', ARGV[1])
+    redis.call('SET', key, ARGV[i] .. '|' .. me .. '|~', 'PX', ARGV[1])
   end
 end
 return 1
 """
+)
+
+# A reader's renewal of the fence. KEYS: fence, epoch key. ARGV: the epoch of the database the
+# reader just read, the fence's expiry (Redis clock ms). Refused (0) if a newer epoch was seen.
+RENEW_SCRIPT = (
+    ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[1]", fence="KEYS[1]").replace(
+        "return false", "return 0"
+    )
+    + """
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+return 1
+"""
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +344,19 @@ class MemoryCache:
         if self._fence_key is None:
             self._fence_key = f"{self.prefix}fence"
         return self._fence_key
+
+    @property
+    def epoch_key(self) -> str:
+        """The newest database epoch any writer or reader of this tier has seen (no TTL)."""
+        return f"{self.prefix}epoch"
+
+    def database_epoch(self) -> str:
+        """The epoch of the database as this thread's connection to it found it
+        (:func:`agentmemory.vendors.epoch`): what this thread's writes and fills are stamped
+        with, and what its renewals put in the fence."""
+        from django.db import connections
+
+        return epoch(connections[self.using])
 
     # ------------------------------------------------------------------ plumbing
 
@@ -505,13 +583,18 @@ class MemoryCache:
         if not versions or not self.available:
             return False
         keys = sorted(versions)
+        stamp = self.database_epoch()
         try:
             self._run(
                 MARK_SCRIPT,
                 [
                     (
-                        [self.entry_key(session_id, key) for key in keys],
-                        [TOMBSTONE_MS, *(versions[key] for key in keys)],
+                        [
+                            self.fence_key,
+                            self.epoch_key,
+                            *(self.entry_key(session_id, key) for key in keys),
+                        ],
+                        [TOMBSTONE_MS, stamp, *(versions[key] for key in keys)],
                     )
                 ],
             )
@@ -526,7 +609,14 @@ class MemoryCache:
         """After a commit: store each key's new version. A change of None means the version is
         not known here (an earlier attempt committed it and its acknowledgement was lost): the
         entry is dropped, so the next reader misses. If Redis cannot take them, record the keys
-        in the database and wait out the fence before the write is acknowledged."""
+        in the database and wait out the fence before the write is acknowledged.
+
+        A COMMIT the database could not confirm (PostgreSQL's cancelled wait for the synchronous
+        standby: the write raises ``MemoryUnavailable``) is cached as unknown: dropped."""
+        from django.db import connections
+
+        if commit_unconfirmed(connections[self.using]):
+            changes = dict.fromkeys(changes)
         failed = [
             key
             for key, change in sorted(changes.items())
@@ -577,9 +667,10 @@ class MemoryCache:
             ttl_ms = min(ttl_ms, int((record.expires_at - clock.now()).total_seconds() * 1000))
             if ttl_ms <= 0:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
+        stamp = self.database_epoch()
         try:
-            keys = list(self._names(session_id, key))
-            args = [version, self._encode(session_id, key, record), ttl_ms, lease]
+            keys = [*self._names(session_id, key), self.fence_key, self.epoch_key]
+            args = [version, self._encode(session_id, key, record), ttl_ms, lease, stamp]
             stored = self._run(SET_SCRIPT if force else PUT_SCRIPT, [(keys, args)])[0]
         except Exception as exc:
             self._failed(exc)
@@ -637,8 +728,10 @@ class MemoryCache:
                 PendingInvalidation.objects.using(self.using).filter(id__in=ids).delete()
                 self.count("replayed", len(pending))
             return  # renew on a later read, after a fresh pending check
+        stamp = self.database_epoch()
         try:
-            self.client.set(self.fence_key, "1", pxat=redis_ms + int(self.fence_seconds * 1000))
+            expiry = redis_ms + int(self.fence_seconds * 1000)
+            self._run(RENEW_SCRIPT, [([self.fence_key, self.epoch_key], [stamp, expiry])])
         except Exception as exc:
             self._failed(exc)
             return
@@ -689,21 +782,28 @@ def encode_payload(session_id: str, key: str, record: MemoryRecord | None) -> st
 
 
 def decode_entry(raw: bytes | str) -> tuple[int, str, dict[str, Any] | None]:
-    """An entry as (version, run_id of the server that stored it, payload dict or None for a
-    tombstone)."""
+    """An entry as (version, its stamp -- ``<run_id>/<epoch>``: the server that stored it and the
+    database epoch -- and the payload dict or None for a tombstone)."""
     version, _, rest = _text(raw).partition("|")
     server, _, payload = rest.partition("|")
     return int(version), server, None if payload == "~" else json.loads(payload)
 
 
-def entry_version(raw: bytes | str, run_id: str | None = None) -> int | None:
+def entry_version(raw: bytes | str, stamp: str | None = None) -> int | None:
     """The version an entry serves, without decoding its payload; None for a tombstone or, given
-    the current server's ``run_id``, an entry another server stored (neither is ever served)."""
+    the ``stamp`` a reader trusts now (:func:`stamp`), an entry another server stored or of
+    another database epoch (neither is ever served)."""
     version, _, rest = _text(raw).partition("|")
     server, _, payload = rest.partition("|")
-    if payload == "~" or (run_id is not None and server != run_id):
+    if payload == "~" or (stamp is not None and server != stamp):
         return None
     return int(version)
+
+
+def stamp(run_id: str, database_epoch: str) -> str:
+    """The stamp of an entry that a reader trusts: the current Redis server's ``run_id`` and
+    the epoch of the fence (the database's, once a reader of it renews the fence)."""
+    return f"{run_id}/{database_epoch}"
 
 
 @functools.lru_cache(maxsize=4096)

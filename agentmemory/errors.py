@@ -64,7 +64,10 @@ class VersionPruned(AgentMemoryError, LookupError):
 
 
 class MemoryUnavailable(AgentMemoryError):
-    """The database stayed unreachable (or kept failing transiently) after every retry."""
+    """The database stayed unreachable (or kept failing transiently) after every retry, or the
+    outcome of a write is unknown: on PostgreSQL, a COMMIT that came back with the warning that
+    its wait for the synchronous standby was cancelled (committed on the primary only; ``cause``
+    is None). Retry with the same ``idempotency_key``."""
 
     def __init__(
         self, message: str, *, cause: BaseException | None = None, attempts: int = 0

@@ -19,7 +19,7 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 from .conf import get_config
 from .defects import failpoint_commit_answer
 from .errors import MemoryUnavailable
-from .vendors import Transient, classify, lock_wait_at_most
+from .vendors import Transient, begin_durable, classify, commit_unconfirmed, lock_wait_at_most
 
 T = TypeVar("T")
 #: What a failed attempt may raise that the policy looks at: Django's ``DatabaseError`` family,
@@ -48,6 +48,8 @@ class Retrier:
         caller has it at hand (looking it up costs a microsecond)."""
         if connection is None:
             connection = connections[self.using]
+        if connection.vendor == "postgresql":
+            attempt = self._confirmed(attempt, connection)
         if connection.in_atomic_block or not self.retry:
             return attempt(False)
         started = time.monotonic()
@@ -92,11 +94,33 @@ class Retrier:
 
         def in_transaction(retry: bool) -> T:
             with transaction.atomic(using=self.using):
+                begin_durable(connection)
                 result = attempt(retry)
                 failpoint_commit_answer(connection)
             return result
 
         return self.run(in_transaction, connection)
+
+    def _confirmed(self, attempt: Callable[[bool], T], connection: Any) -> Callable[[bool], T]:
+        """``attempt``, raising ``MemoryUnavailable`` when its COMMIT came back with
+        PostgreSQL's warning that the wait for the synchronous standby was cancelled: the write
+        committed on the primary only, and a failover may take it back -- an outcome that is
+        not known yet, never an acknowledgement. (The cache tier does not serve it either.)"""
+
+        def confirmed(retry: bool) -> T:
+            connection.agentmemory_unconfirmed = False
+            result = attempt(retry)
+            if commit_unconfirmed(connection):
+                raise MemoryUnavailable(
+                    f"database {self.using!r} committed the write on the primary, but the wait "
+                    "for its synchronous standby was cancelled (PostgreSQL: 'canceling wait for "
+                    "synchronous replication'): a failover may still lose it. Retry with the "
+                    "same idempotency_key: the retry returns the write once the standby has it.",
+                    cause=None,
+                )
+            return result
+
+        return confirmed
 
     def read(self, work: Callable[[], T], connection: Any = None) -> T:
         """:meth:`run` for a read: ``work()`` again when its connection drops or a lock times

@@ -245,13 +245,7 @@ def bound_lock_wait(connection: Any, seconds: float) -> None:
                 f"LEAST(@@SESSION.innodb_lock_wait_timeout, {max(1, math.ceil(seconds))})"
             )
     elif connection.vendor == "postgresql":
-        limit = max(1, math.ceil(seconds * 1000))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('lock_timeout', %s, false) FROM pg_settings WHERE name = "
-                "'lock_timeout' AND (setting::bigint = 0 OR setting::bigint > %s)",
-                [f"{limit}ms", limit],
-            )
+        setup_postgres_session(connection, seconds)
 
 
 @contextlib.contextmanager
@@ -390,3 +384,110 @@ def _first_row(connection: Any, sql: str) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(sql)
         return [str(value) for value in cursor.fetchone()]
+
+
+# ---------------------------------------------------------------------- durability of a COMMIT
+#: The epoch of a database whose acknowledged writes no failover takes back: every vendor but
+#: PostgreSQL (one MySQL/MariaDB server keeps its own; Galera and TiDB replicate synchronously).
+NO_EPOCH = "0"
+#: ``synchronous_commit`` values under which PostgreSQL acknowledges a COMMIT that a crash
+#: (``off``) or a failover to a synchronous standby (``local``) can take back.
+POSTGRES_UNSAFE_COMMIT = frozenset({"off", "local"})
+# At connect, one round trip: the timeline (the first 8 hex digits of the current WAL file's
+# name: a promotion moves it forward at once, where pg_control_checkpoint() lags until the next
+# checkpoint; '' on a standby), the session's synchronous_commit, and the lock wait bounded by
+# the call deadline (only ever lowered; 0 ms: leave it).
+_POSTGRES_SESSION = (
+    "SELECT CASE WHEN pg_is_in_recovery() THEN '' "
+    "ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END, "
+    "current_setting('synchronous_commit'), "
+    "(SELECT set_config('lock_timeout', %s, false) FROM pg_settings WHERE name = 'lock_timeout' "
+    "AND %s > 0 AND (setting::bigint = 0 OR setting::bigint > %s))"
+)
+
+
+def setup_postgres_session(connection: Any, lock_wait_seconds: float | None) -> None:
+    """At connect, on PostgreSQL: learn the database's epoch (:func:`epoch`) and whether the
+    session's ``synchronous_commit`` needs raising for the store's transactions
+    (:func:`raises_synchronous_commit`), bound the lock wait (:func:`bound_lock_wait`), and
+    watch the server's notices for a COMMIT that only committed locally
+    (:func:`commit_unconfirmed`) -- in one round trip."""
+    import weakref
+
+    limit = 0 if lock_wait_seconds is None else max(1, math.ceil(lock_wait_seconds * 1000))
+    with connection.cursor() as cursor:
+        cursor.execute(_POSTGRES_SESSION, [f"{limit}ms", limit, limit])
+        timeline, synchronous_commit, _ = cursor.fetchone()
+    connection.agentmemory_epoch = timeline or NO_EPOCH
+    connection.agentmemory_raise_commit = synchronous_commit in POSTGRES_UNSAFE_COMMIT
+    connection.agentmemory_unconfirmed = False
+    wrapper = weakref.ref(connection)
+
+    def notice(diagnostic: Any) -> None:
+        # PostgreSQL's syncrep.c: a COMMIT whose wait for the synchronous standby was cancelled
+        # (pg_cancel_backend, a statement timeout of a pooler) returns success with this
+        # WARNING, SQLSTATE 01000 (no code of its own): "canceling wait for synchronous
+        # replication due to user request -- The transaction has already committed locally,
+        # but might not have been replicated to the standby." The store's statements raise
+        # no other warning.
+        if diagnostic.severity_nonlocalized == "WARNING" and diagnostic.sqlstate == "01000":
+            found = wrapper()
+            if found is not None:
+                found.agentmemory_unconfirmed = True
+
+    connection.connection.add_notice_handler(notice)
+
+
+def epoch(connection: Any) -> str:
+    """The database's epoch, as this connection found it when it connected: on PostgreSQL its
+    timeline (8 hex digits), which every promotion moves forward -- a failover, a switchover, a
+    point-in-time recovery -- and which orders them; :data:`NO_EPOCH` elsewhere. The cache tier
+    binds its entries to it: what was cached before a failover that lost writes is never served
+    after it."""
+    if connection.vendor != "postgresql":
+        return NO_EPOCH
+    found = getattr(connection, "agentmemory_epoch", None)
+    if found is None or connection.connection is None:
+        connection.ensure_connection()  # connection_created sets it
+        found = getattr(connection, "agentmemory_epoch", None)
+        if found is None:  # a connection made before the app was ready: ask now
+            setup_postgres_session(connection, None)
+            found = connection.agentmemory_epoch
+    return found
+
+
+def raises_synchronous_commit(connection: Any) -> bool:
+    """Whether the store's transactions on this connection begin with ``SET LOCAL
+    synchronous_commit = on``: the session's setting (``off``, ``local``) would acknowledge a
+    COMMIT that a crash or a failover can take back (system check W005 says so)."""
+    return bool(getattr(connection, "agentmemory_raise_commit", False))
+
+
+def begin_durable(connection: Any) -> None:
+    """At the start of one of the store's transactions: forget an earlier COMMIT's notice, and
+    make this transaction's COMMIT durable (see :func:`raises_synchronous_commit`)."""
+    if connection.vendor != "postgresql":
+        return
+    connection.agentmemory_unconfirmed = False
+    if raises_synchronous_commit(connection):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = on")
+
+
+def commit_unconfirmed(connection: Any) -> bool:
+    """Whether the last COMMIT on this connection returned with PostgreSQL's warning that its
+    wait for the synchronous standby was cancelled: committed locally, perhaps not replicated,
+    so a failover may take it back. The store does not acknowledge it (``MemoryUnavailable``),
+    and the cache tier does not serve it."""
+    return bool(getattr(connection, "agentmemory_unconfirmed", False))
+
+
+def confirm_replicated(connection: Any) -> None:
+    """Inside a transaction that found an earlier attempt's committed write (a retry, an
+    idempotency key): give this transaction an id, so that its COMMIT waits, as every write's
+    does, for the synchronous standby to confirm the WAL up to it -- the earlier commit
+    included. Without it, a write whose own wait was cancelled would be acknowledged by its
+    retry, which writes nothing and so waits for nothing."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_xact_id()")

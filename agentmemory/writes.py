@@ -34,7 +34,12 @@ from .records import MemoryRecord
 from .retries import Retrier
 from .semantic import named
 from .sql import LockedRow, encode_json, locked_row, run, statements_for, to_datetime
-from .vendors import insert_if_missing
+from .vendors import (
+    begin_durable,
+    confirm_replicated,
+    insert_if_missing,
+    raises_synchronous_commit,
+)
 
 #: With ``row_lock=False``: seconds between the unlocked read and the write (the gap an agent's
 #: own work, an LLM call, would leave).
@@ -200,7 +205,10 @@ class WritePath:
         """The autocommit attempt: the statement commits by itself. A retry (its answer may have
         been lost after it committed) and anything it does not apply to go the locked way, which
         looks the request id up first."""
-        if not retry:
+        connection = connections[self.using]
+        connection.ensure_connection()
+        # A session whose synchronous_commit is off or local: the transaction's SET LOCAL.
+        if not retry and not raises_synchronous_commit(connection):
             ((key, change),) = changes.items()
             record = self._blind_write(session_id, key, change, clock.now())
             if record is not None:
@@ -209,6 +217,7 @@ class WritePath:
             # expected version): the locked attempt must not run the same statement again.
             changes = {key: dataclasses.replace(change, blind=False)}
         with transaction.atomic(using=self.using):
+            begin_durable(connection)
             return self._locked_attempt(session_id, changes, None)(retry)
 
     def _locked_write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
@@ -278,6 +287,9 @@ class WritePath:
         if retry or change.caller_request_id:
             done = self._find_request(row, change.request_id)
             if done is not None:
+                # Its COMMIT may have been answered locally only (a cancelled wait for the
+                # synchronous standby): this one waits for the standby, or fails the same way.
+                confirm_replicated(connections[self.using])
                 if retry:
                     # An earlier attempt committed, and its cache update died with the lost
                     # acknowledgement: drop the entry after this commit, or readers keep the

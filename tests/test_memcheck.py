@@ -8,6 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from agentmemory import clock
+from agentmemory.cache import stamp
 from agentmemory.models import Memory
 
 from .conftest import redis_alias
@@ -223,8 +224,9 @@ def test_audit_finds_a_diverging_cache_entry_and_an_unpurged_expired_row(store):
     assert store.recall("s", "k").version == 2
     code, out = run("--audit")
     assert code == 0, out
-    run_id = store.cache.client.info("server")["run_id"]  # an entry this server would serve
-    store.cache.client.set(store.cache.entry_key("s", "k"), f"1|{run_id}|planted")
+    # An entry this server would serve: its run_id and the database's epoch.
+    trusted = stamp(store.cache.client.info("server")["run_id"], store.cache.database_epoch())
+    store.cache.client.set(store.cache.entry_key("s", "k"), f"1|{trusted}|planted")
     code, out = run("--audit")
     assert code == 1 and "cache-divergence" in out and "Redis holds v1, the database v2" in out
 

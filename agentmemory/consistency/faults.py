@@ -342,7 +342,7 @@ class Nemesis:
         """Older versions of one session's memories, as another Redis server process stored
         them, put where the tier keeps those memories' entries (every key of the session that
         has an older version: what a restored snapshot does to all of them at once)."""
-        from ..cache import encode_payload
+        from ..cache import encode_payload, stamp
         from ..models import MemoryVersion
         from ..records import MemoryRecord
 
@@ -368,7 +368,8 @@ class Nemesis:
         for rows in by_key.values():
             session_id, key, version, value, created, expires = self._rng.choice(rows)
             record = MemoryRecord(session_id, key, value, version, created, created, expires)
-            entry = f"{version}|{FOREIGN_RUN_ID}|{encode_payload(session_id, key, record)}"
+            foreign = stamp(FOREIGN_RUN_ID, self.cache.database_epoch())
+            entry = f"{version}|{foreign}|{encode_payload(session_id, key, record)}"
             pipe.set(self.cache.entry_key(session_id, key), entry, px=60_000)
         pipe.execute()
         return True

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from ..cache import entry_version
+from ..cache import entry_version, stamp
 from ..models import Memory, MemoryVersion
 
 
@@ -93,8 +93,12 @@ def cached_versions(
     keys = sorted(keys)
     client = cache.client
     raw = client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
-    run_id = client.info("server")["run_id"]
+    fenced = client.get(cache.fence_key)
+    trusted = stamp(
+        client.info("server")["run_id"],
+        fenced.decode() if fenced is not None else cache.database_epoch(),
+    )
     return {
-        pair: None if entry is None else entry_version(entry, run_id)
+        pair: None if entry is None else entry_version(entry, trusted)
         for pair, entry in zip(keys, raw, strict=True)
     }
