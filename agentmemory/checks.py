@@ -604,3 +604,104 @@ def galera_errors(alias: str, status: dict[str, str], causal_reads: bool) -> lis
             )
         )
     return messages
+
+
+@register(Tags.database)
+def check_durable_commits(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """W005-W007: server settings under which a COMMIT is acknowledged before it is durable --
+    on a crash of the server, or on a failover to a standby that had not received it."""
+    messages: list[Warning] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor == "postgresql":
+            synchronous_commit, standbys = postgres_durability(connection)
+            multi_host = "," in str(connection.settings_dict.get("HOST") or "")
+            messages.extend(
+                postgres_durability_warnings(alias, synchronous_commit, multi_host, standbys)
+            )
+        elif flavor(connection) in ("mysql", "mariadb") and not is_galera(connection):
+            messages.extend(mysql_durability_warnings(alias, *mysql_durability(connection)))
+    return messages
+
+
+def postgres_durability(connection: Any) -> tuple[str, list[str]]:
+    """The server's ``synchronous_commit`` for new sessions (the store's own are raised at
+    connect), and the ``sync_state`` of each standby streaming from it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit'")
+        synchronous_commit = cursor.fetchone()[0]
+        cursor.execute("SELECT sync_state FROM pg_stat_replication")
+        standbys = [row[0] for row in cursor.fetchall()]
+    return synchronous_commit, standbys
+
+
+def postgres_durability_warnings(
+    alias: str, synchronous_commit: str, multi_host: bool, standbys: list[str]
+) -> list[Warning]:
+    messages = []
+    if synchronous_commit in ("off", "local"):
+        loses = (
+            "a server crash can lose the last acknowledged COMMITs"
+            if synchronous_commit == "off"
+            else "a failover to a synchronous standby can lose acknowledged COMMITs"
+        )
+        messages.append(
+            Warning(
+                f"PostgreSQL database {alias!r} runs synchronous_commit={synchronous_commit}: "
+                f"{loses}. The store's own transactions set it to on (SET LOCAL), so memories "
+                "are safe; your application's other writes on this alias are not.",
+                hint="Set synchronous_commit = on (postgresql.conf, ALTER DATABASE or ALTER ROLE),"
+                " or silence agentmemory.W005 if those other writes may be lost.",
+                id="agentmemory.W005",
+            )
+        )
+    if multi_host and any(state in ("async", "potential") for state in standbys):
+        messages.append(
+            Warning(
+                f"PostgreSQL database {alias!r} lists several hosts and its primary replicates "
+                f"asynchronously ({', '.join(standbys)}): a failover to a standby loses the "
+                "acknowledged writes it had not received yet (Patroni bounds them by "
+                "maximum_lag_on_failover). The cache tier never serves them afterwards; "
+                "manage.py memcheck reports them as the database's loss.",
+                hint="Replicate synchronously: Patroni's synchronous_mode: true (with "
+                "synchronous_mode_strict: true to never fall back to asynchronous), or "
+                "synchronous_standby_names on the primary.",
+                id="agentmemory.W007",
+            )
+        )
+    return messages
+
+
+def mysql_durability(connection: Any) -> tuple[str, str, str]:
+    """``innodb_flush_log_at_trx_commit``, ``sync_binlog`` and ``log_bin`` of the server."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin")
+        return tuple(str(value) for value in cursor.fetchone())  # type: ignore[return-value]
+
+
+def mysql_durability_warnings(
+    alias: str, flush_log: str, sync_binlog: str, log_bin: str
+) -> list[Warning]:
+    problems = []
+    if flush_log != "1":
+        problems.append(
+            f"innodb_flush_log_at_trx_commit={flush_log} (a crash loses up to a second of "
+            "acknowledged COMMITs)"
+        )
+    if log_bin.upper() in ("1", "ON") and sync_binlog != "1":
+        problems.append(
+            f"sync_binlog={sync_binlog} (a crash can lose acknowledged COMMITs from the binary "
+            "log: replicas and point-in-time recovery miss them)"
+        )
+    if not problems:
+        return []
+    return [
+        Warning(
+            f"MySQL-family database {alias!r} runs {'; '.join(problems)}.",
+            hint="Set innodb_flush_log_at_trx_commit = 1 and sync_binlog = 1 (the servers' "
+            "durable defaults).",
+            id="agentmemory.W006",
+        )
+    ]

@@ -480,14 +480,3 @@ def commit_unconfirmed(connection: Any) -> bool:
     so a failover may take it back. The store does not acknowledge it (``MemoryUnavailable``),
     and the cache tier does not serve it."""
     return bool(getattr(connection, "agentmemory_unconfirmed", False))
-
-
-def confirm_replicated(connection: Any) -> None:
-    """Inside a transaction that found an earlier attempt's committed write (a retry, an
-    idempotency key): give this transaction an id, so that its COMMIT waits, as every write's
-    does, for the synchronous standby to confirm the WAL up to it -- the earlier commit
-    included. Without it, a write whose own wait was cancelled would be acknowledged by its
-    retry, which writes nothing and so waits for nothing."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_current_xact_id()")

@@ -36,7 +36,6 @@ from .semantic import named
 from .sql import LockedRow, encode_json, locked_row, run, statements_for, to_datetime
 from .vendors import (
     begin_durable,
-    confirm_replicated,
     insert_if_missing,
     raises_synchronous_commit,
 )
@@ -288,8 +287,8 @@ class WritePath:
             done = self._find_request(row, change.request_id)
             if done is not None:
                 # Its COMMIT may have been answered locally only (a cancelled wait for the
-                # synchronous standby): this one waits for the standby, or fails the same way.
-                confirm_replicated(connections[self.using])
+                # synchronous standby). This transaction's row lock gives it a transaction id,
+                # so its COMMIT waits for the standby too, or fails the same way.
                 if retry:
                     # An earlier attempt committed, and its cache update died with the lost
                     # acknowledgement: drop the entry after this commit, or readers keep the

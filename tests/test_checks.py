@@ -296,3 +296,56 @@ def test_a_search_index_without_numpy_is_an_error_with_the_install_line():
     with_index, without = done.stdout.splitlines()
     assert with_index == "['agentmemory.E020'] pip install 'django-agentmemory[search]'"
     assert without == "[]"
+
+
+@pytest.mark.parametrize(
+    ("synchronous_commit", "multi_host", "standbys", "expected"),
+    [
+        ("on", False, [], []),
+        ("remote_apply", True, ["sync"], []),
+        ("off", False, [], ["agentmemory.W005"]),
+        ("local", False, ["sync"], ["agentmemory.W005"]),
+        ("on", True, ["async"], ["agentmemory.W007"]),
+        ("on", True, ["sync", "potential"], ["agentmemory.W007"]),
+        ("on", False, ["async"], []),  # one host: no failover through this alias
+        ("off", True, ["async"], ["agentmemory.W005", "agentmemory.W007"]),
+    ],
+)
+def test_postgres_settings_that_lose_acknowledged_commits_are_reported(
+    synchronous_commit, multi_host, standbys, expected
+):
+    from agentmemory.checks import postgres_durability_warnings
+
+    found = postgres_durability_warnings("db", synchronous_commit, multi_host, standbys)
+    assert ids(found) == expected
+
+
+@pytest.mark.parametrize(
+    ("flush_log", "sync_binlog", "log_bin", "expected"),
+    [
+        ("1", "0", "0", []),  # MariaDB's defaults: no binary log
+        ("1", "1", "1", []),
+        ("2", "1", "1", ["agentmemory.W006"]),
+        ("0", "0", "0", ["agentmemory.W006"]),
+        ("1", "0", "1", ["agentmemory.W006"]),
+    ],
+)
+def test_mysql_settings_that_lose_acknowledged_commits_are_reported(
+    flush_log, sync_binlog, log_bin, expected
+):
+    from agentmemory.checks import mysql_durability_warnings
+
+    assert ids(mysql_durability_warnings("db", flush_log, sync_binlog, log_bin)) == expected
+
+
+@pytest.mark.django_db
+def test_the_suites_servers_acknowledge_only_durable_commits():
+    """The servers `make test` runs keep their durable defaults (the HA cluster's asynchronous
+    standby is W007, tested in tests/test_pg_ha.py)."""
+    from django.db import connection
+
+    from agentmemory.checks import check_durable_commits
+
+    found = ids(check_durable_commits(databases=["default"]))
+    multi_host = "," in str(connection.settings_dict.get("HOST") or "")
+    assert found == (["agentmemory.W007"] if multi_host else [])

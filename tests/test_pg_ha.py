@@ -7,15 +7,28 @@ a fixed sleep. ``make test`` runs the whole suite on this cluster too (backend `
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connections
+
+from agentmemory import MemoryStore, MemoryUnavailable
+from agentmemory.checks import check_durable_commits
+from agentmemory.consistency.state import cached_versions
+
+from .conftest import redis_alias
+from .helpers import run_processes
 
 pytestmark = [pytest.mark.pg_ha, pytest.mark.django_db(transaction=True)]
 
@@ -23,14 +36,15 @@ pytestmark = [pytest.mark.pg_ha, pytest.mark.django_db(transaction=True)]
 API_PORTS = (8041, 8042)
 
 
-def patroni(path: str, body: dict | None = None) -> Any:
-    """The first node's answer that comes (JSON), GET or, with ``body``, POST."""
+def patroni(path: str, body: dict | None = None, method: str | None = None) -> Any:
+    """The first node's answer that comes (JSON), GET or, with ``body``, POST (or ``method``)."""
     last: Exception | None = None
     for port in API_PORTS:
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}{path}",
             data=None if body is None else json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
+            method=method,
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as answer:
@@ -123,3 +137,206 @@ def test_the_store_follows_the_primary_across_a_switchover(store):
     assert (after.version, after.value) == (2, {"n": 2})
     assert server_of() == (False, leader()["port"])
     assert [v.version for v in store.history("s", "k")] == [1, 2]
+
+
+# ---------------------------------------------------------------------- a failover that loses writes
+#: scripts/pg-ha.sh's data directory (its pid files).
+PG_HA_DIR = Path(os.environ.get("PG_HA_DIR", "/tmp/agentmemory-pg-ha"))
+
+
+def _processes() -> Iterator[tuple[int, int, str]]:
+    """(pid, parent pid, command line) of every process of this machine."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        yield int(entry.name), int(stat.rsplit(")", 1)[1].split()[1]), command
+
+
+def crash(name: str) -> None:
+    """Kill node ``name`` as a power cut would: its Patroni and every PostgreSQL process, at once
+    (SIGKILL: nothing is flushed or sent)."""
+    config = str(PG_HA_DIR / name / "patroni.yml")
+    postmaster = int((PG_HA_DIR / name / "data" / "postmaster.pid").read_text().split()[0])
+    doomed = [pid for pid, _, command in _processes() if config in command and "patroni" in command]
+    doomed += [postmaster] + [pid for pid, parent, _ in _processes() if parent == postmaster]
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def replication_stopped() -> Iterator[None]:
+    """The leader's WAL senders stopped (SIGSTOP) inside the block: the replica receives
+    nothing; resumed after it, unless the block killed them (a stopped sender would hold its
+    replication slot, and every DROP DATABASE, forever)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_replication")
+        senders = [row[0] for row in cursor.fetchall()]
+    assert senders, "the leader has no WAL sender"
+    for pid in senders:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in senders:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def cluster_restored():
+    """After the test, the crashed node started again (Patroni rewinds it and it streams from
+    the new leader): the next test finds a healthy cluster."""
+    yield
+    subprocess.run(["bash", "scripts/pg-ha.sh", "start"], check=True, capture_output=True)
+    wait_for(healthy, "the crashed node streaming again", seconds=120)
+
+
+def what_is_recalled(pairs: list[tuple[str, str]], store: MemoryStore | None = None) -> list[Any]:
+    """Recall each (session, key) through the Redis tier (a fresh process runs this too):
+    (version, value) or None."""
+    store = store or MemoryStore(cache="agentmemory")
+    found = []
+    for session_id, key in pairs:
+        record = store.recall(session_id, key)
+        found.append(None if record is None else [record.version, record.value])
+    return found
+
+
+def test_a_failover_that_loses_acknowledged_writes_never_lets_redis_serve_them(
+    cluster_restored,
+):
+    """Asynchronous replication (Patroni's default): writes acknowledged while the replica
+    received nothing are lost when the leader crashes. That loss is the database's; the cache
+    tier must add nothing: every recall after the failover -- in the process that made the
+    writes and in a new one -- returns exactly what the promoted database holds, and a write
+    acknowledged after the failover is recalled at once."""
+    store = MemoryStore(cache=redis_alias())
+    for i in range(5):
+        store.remember("kept", f"k{i}", {"n": 1})
+    store.remember("kept", "forgotten", {"n": 1})
+    wait_for(replayed_everywhere, "the replica replaying the first versions")
+
+    # The leader sends the replica nothing more: what follows is acknowledged, never replicated.
+    old = leader()
+    with replication_stopped():
+        for i in range(5):
+            store.remember("kept", f"k{i}", {"n": 2, "lost": True})
+        store.forget("kept", "forgotten")
+        for i in range(3):
+            store.remember("kept", f"new{i}", {"lost": True})
+            store.remember("gone", f"g{i}", {"lost": True})
+        pairs = [("kept", f"k{i}") for i in range(5)] + [("kept", "forgotten")]
+        pairs += [("kept", f"new{i}") for i in range(3)] + [("gone", f"g{i}") for i in range(3)]
+        before = what_is_recalled(pairs, store)
+        assert store.last_read_source == "cache"
+        assert before[:6] == [[2, {"n": 2, "lost": True}]] * 5 + [None]
+        crash(old["name"])
+
+    wait_for(
+        lambda: leader()["name"] != old["name"] and leader()["state"] == "running",
+        "the replica promoted",
+    )
+    # What the promoted database holds: the first versions only.
+    held = [[1, {"n": 1}]] * 6 + [None] * 6
+
+    assert what_is_recalled(pairs, store) == held  # the process that made the lost writes
+    (in_a_new_process,) = run_processes(what_is_recalled, [(pairs,)])
+    assert in_a_new_process == held
+    assert MemoryStore(cache=None).recall("kept", "k0").version == 1  # the database agrees
+
+    # Acknowledged after the failover: recalled at once, by this process and a new one.
+    after = [store.remember("kept", f"k{i}", {"n": 3}) for i in range(5)]
+    assert [r.version for r in after] == [2] * 5  # the lost version 2 is written anew
+    store.remember("gone", "g0", {"again": True})
+    now = [[2, {"n": 3}]] * 5 + [[1, {"n": 1}]] + [None] * 3 + [[1, {"again": True}]] + [None] * 2
+    assert what_is_recalled(pairs, store) == now
+    assert run_processes(what_is_recalled, [(pairs,)]) == [now]
+    assert [v.version for v in store.history("kept", "k0")] == [1, 2]
+
+
+# ---------------------------------------------------------------------- synchronous replication
+@pytest.fixture
+def synchronous_mode():
+    """Patroni's synchronous_mode for the test (the replica becomes the synchronous standby:
+    every COMMIT waits for it), asynchronous again after it."""
+    patroni("/config", {"synchronous_mode": True}, method="PATCH")
+    wait_for(
+        lambda: [m["role"] for m in members()].count("sync_standby") == 1 and healthy(),
+        "a synchronous standby",
+    )
+    yield
+    patroni("/config", {"synchronous_mode": False}, method="PATCH")
+    wait_for(
+        lambda: "sync_standby" not in [m["role"] for m in members()] and healthy(),
+        "asynchronous replication again",
+    )
+
+
+def test_an_asynchronous_standby_behind_the_url_is_warned_of():
+    (warning,) = check_durable_commits(databases=["default"])
+    assert warning.id == "agentmemory.W007" and "async" in warning.msg
+
+
+def test_a_synchronous_standby_is_not_warned_of(synchronous_mode):
+    connections.close_all()
+    assert check_durable_commits(databases=["default"]) == []
+
+
+def waiting_for_the_standby() -> int | None:
+    """The server process of a COMMIT waiting for the synchronous standby, if one is."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def test_a_commit_whose_wait_for_the_synchronous_standby_was_cancelled_is_not_acknowledged(
+    synchronous_mode,
+):
+    """PostgreSQL answers such a COMMIT with success and a WARNING: committed on the primary
+    only, so a failover may take it back. The store raises MemoryUnavailable (an unknown
+    outcome), the cache does not serve it, and the retry with the same idempotency key returns
+    it only once the standby has it."""
+    store = MemoryStore(cache=redis_alias())
+    store.remember("s", "k", {"n": 1})
+
+    def write_and_cancel_its_wait() -> dict[str, Any]:
+        outcome: dict[str, Any] = {}
+
+        def write() -> None:
+            try:
+                outcome["record"] = store.remember("s", "k", {"n": 2}, idempotency_key="w2")
+            except MemoryUnavailable as error:
+                outcome["error"] = error
+            finally:
+                connections.close_all()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        pid = wait_for(waiting_for_the_standby, "a COMMIT waiting for the standby")
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_cancel_backend(%s)", [pid])
+        writer.join(60)
+        return outcome
+
+    with replication_stopped():
+        outcome = write_and_cancel_its_wait()
+        assert "record" not in outcome, "a COMMIT the standby never confirmed was acknowledged"
+        assert "synchronous standby was cancelled" in str(outcome["error"])
+        assert cached_versions(store.cache, [("s", "k")]) == {("s", "k"): None}
+        assert store.recall("s", "k").version == 2  # what the primary holds, for now
+        # Retried while the standby still has nothing: the retry's COMMIT waits for it too.
+        outcome = write_and_cancel_its_wait()
+        assert "record" not in outcome, "the retry acknowledged a write the standby lacks"
+
+    # The standby receives the WAL again: the retry's COMMIT waits for it, then acknowledges.
+    retried = store.remember("s", "k", {"n": 2}, idempotency_key="w2")
+    assert (retried.version, retried.value) == (2, {"n": 2})
+    assert [v.version for v in store.history("s", "k")] == [1, 2]
+    assert store.recall("s", "k").version == 2
