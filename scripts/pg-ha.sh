@@ -36,6 +36,9 @@ fail() { say "$*"; exit 1; }
 # A process that runs (a zombie left by a kill, not yet reaped, does not).
 alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^[^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
 pid_in() { cat "$1" 2>/dev/null; }
+# Node N's Patroni, found by its command line (not a pid file): memcheck's db-failover fault
+# kills it and starts it again itself.
+patroni_pid() { pgrep -f -- "python3 $VENV/bin/patroni $DIR/node$1/patroni.yml" | head -n1; }
 
 install_packages() {
   local missing=()
@@ -160,10 +163,15 @@ start_etcd() {
 
 start_node() {
   local n=$1
-  alive "$(pid_in "$DIR/node$n/patroni.pid")" && return 0
+  alive "$(patroni_pid "$n")" && return 0
   runuser -u "$RUN_AS" -- setsid "$VENV/bin/patroni" "$DIR/node$n/patroni.yml" \
     >>"$DIR/node$n/patroni.log" 2>&1 < /dev/null &
-  echo $! > "$DIR/node$n/patroni.pid"
+  local tries=0
+  until alive "$(patroni_pid "$n")"; do  # its process, under runuser
+    tries=$((tries + 1))
+    [ $tries -gt 100 ] && { tail -n 20 "$DIR/node$n/patroni.log" >&2; fail "Patroni of node$n did not start"; }
+    sleep 0.05
+  done
 }
 
 wait_ready() {  # a running leader and every other node streaming from it
@@ -177,7 +185,7 @@ wait_ready() {  # a running leader and every other node streaming from it
       fail "no leader with a streaming replica after 120 s (last: ${state:-no answer})"
     fi
     for n in "${NODES[@]}"; do
-      alive "$(pid_in "$DIR/node$n/patroni.pid")" || { tail -n 20 "$DIR/node$n/patroni.log" >&2; fail "Patroni of node$n exited"; }
+      alive "$(patroni_pid "$n")" || { tail -n 20 "$DIR/node$n/patroni.log" >&2; fail "Patroni of node$n exited"; }
     done
     sleep 0.1
   done
@@ -191,7 +199,7 @@ start() {
   [ "$mode" = async ] || [ "$mode" = sync ] || fail "unknown replication mode $mode (async or sync)"
   install_packages
   local any=0
-  for n in "${NODES[@]}"; do alive "$(pid_in "$DIR/node$n/patroni.pid")" && any=1; done
+  for n in "${NODES[@]}"; do alive "$(patroni_pid "$n")" && any=1; done
   if [ $any = 0 ]; then  # wholly down: afresh (test data only), in the mode asked for
     alive "$(pid_in "$DIR/etcd.pid")" && kill "$(pid_in "$DIR/etcd.pid")" && sleep 0.5
     rm -rf "$DIR/etcd" "$DIR"/node*
@@ -204,7 +212,7 @@ start() {
   until [ -n "$(leader_port)" ] && [ "$(leader_port)" != 0 ]; do
     tries=$((tries + 1))
     [ $tries -gt 1200 ] && { tail -n 20 "$DIR/node1/patroni.log" >&2; fail "node1 did not become the leader"; }
-    alive "$(pid_in "$DIR/node1/patroni.pid")" || { tail -n 20 "$DIR/node1/patroni.log" >&2; fail "Patroni of node1 exited"; }
+    alive "$(patroni_pid 1)" || { tail -n 20 "$DIR/node1/patroni.log" >&2; fail "Patroni of node1 exited"; }
     sleep 0.1
   done
   for n in "${NODES[@]}"; do start_node "$n"; done
@@ -219,12 +227,12 @@ start() {
 stop() {
   for n in "${NODES[@]}"; do
     local pid
-    pid=$(pid_in "$DIR/node$n/patroni.pid")
+    pid=$(patroni_pid "$n")
     alive "$pid" && kill "$pid"
   done
   for n in "${NODES[@]}"; do
     local pid tries=0
-    pid=$(pid_in "$DIR/node$n/patroni.pid")
+    pid=$(patroni_pid "$n")
     while alive "$pid" && [ $tries -lt 300 ]; do sleep 0.1; tries=$((tries + 1)); done
     alive "$pid" && kill -9 "$pid"
     # Patroni stops its PostgreSQL; one left behind (Patroni killed) is stopped here.

@@ -284,14 +284,14 @@ def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings, tm
 
 def test_memcheck_reports_a_cache_that_diverged_from_the_database(cached):
     from agentmemory.consistency.checker import cache_divergence
-    from agentmemory.consistency.state import cached_versions, load_state
+    from agentmemory.consistency.state import cached_entries, load_state
 
     cached.recall("s", "k")
     cached.remember("s", "k", "v1")  # Redis holds v1
     cached.remember("s", "other", "same")
     MemoryStore(cache=None).remember("s", "k", "v2")  # a write Redis never heard of
     state = load_state("default", ["s"])
-    anomalies = cache_divergence(cached_versions(cached.cache, state), state)
+    anomalies = cache_divergence(cached_entries(cached.cache, state), state)
     assert [(a.check, a.key, a.message) for a in anomalies] == [
         ("cache-divergence", "k", "Redis holds v1, the database v2")
     ]

@@ -8,6 +8,7 @@ import pytest
 
 from agentmemory.consistency.checker import CHECKS, StoredKey, StoredVersion, check_history
 from agentmemory.consistency.history import History, Operation
+from agentmemory.consistency.pg_failover import Failover
 
 S, K = "s", "reg-0"
 
@@ -314,6 +315,7 @@ def test_every_check_has_a_planted_case_here_or_a_database_test():
         "list-order",
         "all-or-nothing",
         "fractured-read",
+        "lost-by-database",  # needs a failover: its own tests below
     }
     assert set(CHECKS) == set(CASES) | elsewhere
 
@@ -621,3 +623,43 @@ def test_a_transient_error_in_the_callers_transaction_is_judged_by_its_kind(
         op("t", "txn-write", 2, 3, status=status, value=w("t"), error=error),
     ]
     assert found(ops, {(S, K): stored("w1", "t")}) == anomalies
+
+
+# A failover injected by the run: the primary crashed at 10, the standby answered from 20.
+FAILOVER = Failover(crashed_at=10.0, promoted_at=20.0, timelines=("00000001", "00000002"))
+
+
+def checks_across(ops, state, failovers=(FAILOVER,)):
+    return Counter(a.check for a in check_history(History("r", list(ops)), state, failovers))
+
+
+def test_a_write_the_failover_took_back_is_the_databases_loss_and_nothing_else():
+    ops = [
+        write("w1", 0, 1, 1),
+        write("w2", 8, 9, 2),  # acknowledged 1 s before the crash; the standby never had it
+        read("r1", 9, 9.5, 2, "w2"),  # right then
+        write("w3", 21, 22, 2),  # the promoted database's own v2
+        read("r2", 23, 24, 2, "w3"),
+    ]
+    state = {(S, K): stored("w1", "w3")}
+    (anomaly,) = check_history(History("r", ops), state, [FAILOVER])
+    assert anomaly.check == "lost-by-database"
+    assert "v2 of w2" in anomaly.message and "timeline 1 -> 2" in anomaly.message
+    assert "asynchronous replication" in anomaly.message
+    # Without knowing of the failover, the same history is the store's fault.
+    assert checks_across(ops, state, ())["lost-update"] >= 1
+
+
+def test_a_read_after_the_failover_that_returns_a_lost_write_is_the_stores_fault():
+    ops = [
+        write("w1", 0, 1, 1),
+        write("w2", 8, 9, 2),
+        read("r3", 21, 21.5, 2, "w2"),  # served after the promotion: a cache that kept it
+    ]
+    found_checks = checks_across(ops, {(S, K): stored("w1")})
+    assert found_checks["lost-by-database"] == 1 and found_checks["garbage-read"] == 1
+
+
+def test_a_write_acknowledged_after_the_promotion_and_missing_is_a_lost_update():
+    ops = [write("w1", 0, 1, 1), write("w4", 21, 22, 2)]
+    assert checks_across(ops, {(S, K): stored("w1")}) == Counter({"lost-update": 1})

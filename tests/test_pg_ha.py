@@ -17,10 +17,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 
 from agentmemory import MemoryStore, MemoryUnavailable
@@ -263,15 +265,18 @@ def test_a_failover_that_loses_acknowledged_writes_never_lets_redis_serve_them(
 # ---------------------------------------------------------------------- synchronous replication
 @pytest.fixture
 def synchronous_mode():
-    """Patroni's synchronous_mode for the test (the replica becomes the synchronous standby:
-    every COMMIT waits for it), asynchronous again after it."""
-    patroni("/config", {"synchronous_mode": True}, method="PATCH")
+    """Patroni's synchronous_mode_strict for the test (the replica becomes the synchronous
+    standby: every COMMIT waits for it, and Patroni never falls back to asynchronous replication
+    when the standby stops answering), asynchronous again after it."""
+    patroni("/config", {"synchronous_mode": True, "synchronous_mode_strict": True}, method="PATCH")
     wait_for(
         lambda: [m["role"] for m in members()].count("sync_standby") == 1 and healthy(),
         "a synchronous standby",
     )
     yield
-    patroni("/config", {"synchronous_mode": False}, method="PATCH")
+    patroni(
+        "/config", {"synchronous_mode": False, "synchronous_mode_strict": False}, method="PATCH"
+    )
     wait_for(
         lambda: "sync_standby" not in [m["role"] for m in members()] and healthy(),
         "asynchronous replication again",
@@ -340,3 +345,33 @@ def test_a_commit_whose_wait_for_the_synchronous_standby_was_cancelled_is_not_ac
     assert (retried.version, retried.value) == (2, {"n": 2})
     assert [v.version for v in store.history("s", "k")] == [1, 2]
     assert store.recall("s", "k").version == 2
+
+
+# ---------------------------------------------------------------------- memcheck across a failover
+def memcheck(*args: str) -> tuple[int, dict[str, Any]]:
+    out = StringIO()
+    try:
+        call_command("memcheck", *args, "--format", "json", stdout=out, stderr=StringIO())
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    return code, json.loads(out.getvalue())
+
+
+def test_memcheck_reports_what_an_asynchronous_failover_lost_and_nothing_else():
+    """``--faults db`` on the HA cluster crashes the primary after half a second of writes the
+    standby never received: memcheck names each lost write as the database's loss (exit 1),
+    and finds nothing the store or its cache tier did wrong."""
+    redis_alias()
+    code, report = memcheck("--faults", "db", "--seconds", "4", "--workers", "6")
+    assert report["faults"]["injected"].get("db-failover") == 1, report["faults"]
+    checks = {anomaly["check"] for anomaly in report["anomalies"]}
+    assert code == 1 and checks == {"lost-by-database"}, report["anomalies"][:5]
+    assert "asynchronous replication" in report["anomalies"][0]["message"]
+
+
+def test_memcheck_finds_nothing_across_a_synchronous_failover(synchronous_mode):
+    redis_alias()
+    code, report = memcheck("--faults", "db", "--seconds", "4", "--workers", "6")
+    assert report["faults"]["injected"].get("db-failover") == 1, report["faults"]
+    assert code == 0, report["anomalies"][:5]

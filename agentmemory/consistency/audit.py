@@ -13,8 +13,8 @@ from django.db.models import Count
 
 from .. import clock
 from ..models import Memory, MemoryState, PendingInvalidation
-from .checker import Anomaly, audit_key, cache_divergence, duplicate_rows
-from .state import StoredKey, cached_versions, duplicate_keys, load_state
+from .checker import Anomaly, audit_key, cache_divergence, cache_orphans, duplicate_rows
+from .state import StoredKey, cached_entries, duplicate_keys, load_state, served_entries
 
 BATCH = 500
 #: Live rows whose TTL passed longer ago than this are reported: ``purge_expired`` is not running.
@@ -33,9 +33,9 @@ def audit(
 ) -> tuple[int, list[Anomaly]]:
     """Check every memory (or one session's): contiguous versions, live row == newest version,
     one row per key, no live row expired longer than ``grace_seconds`` ago (None: not checked),
-    and -- with ``cache``
-    (a :class:`~agentmemory.cache.MemoryCache`) -- no Redis entry at another version than the
-    database's. Returns (memories audited, anomalies)."""
+    and -- with ``cache`` (a :class:`~agentmemory.cache.MemoryCache`) -- no entry Redis serves at
+    another version than the database's, with another value than that version's, or for a
+    memory the database does not have. Returns (memories audited, anomalies)."""
     rows = Memory.objects.using(using)
     if session_id is not None:
         rows = rows.filter(session_id=session_id)
@@ -53,6 +53,8 @@ def audit(
             anomalies += audit_key(sid, key, stored)
         if cache is not None:
             anomalies += _cache_audit(using, cache, chunk, state)
+    if cache is not None:
+        anomalies += _cache_orphans(using, cache, session_id)
     if grace_seconds is not None:
         anomalies += _expired_live_rows(rows, grace_seconds)
     return audited, anomalies
@@ -81,7 +83,7 @@ def _cache_audit(
     """Entries at another version than the database's, confirmed by a second look (database and
     Redis read again) so that a write landing between the two reads is not reported. Keys with a
     pending invalidation are known to be behind and are never served: they are skipped."""
-    suspects = cache_divergence(cached_versions(cache, state), state)
+    suspects = cache_divergence(cached_entries(cache, state), state)
     if not suspects:
         return []
     time.sleep(RECHECK_SECONDS)
@@ -93,5 +95,27 @@ def _cache_audit(
     again = load_state(using, sorted({a.session_id for a in suspects}))
     suspected = {(a.session_id, a.key) for a in suspects}
     recheck = {pair: stored for pair, stored in again.items() if pair in suspected}
-    confirmed = cache_divergence(cached_versions(cache, recheck), recheck)
+    confirmed = cache_divergence(cached_entries(cache, recheck), recheck)
     return [a for a in confirmed if (a.session_id, a.key) not in pending]
+
+
+def _cache_orphans(using: str, cache: Any, session_id: str | None) -> list[Anomaly]:
+    """Entries Redis serves with a value for a memory the database has no row of (found by a
+    ``SCAN`` of the tier's names), confirmed by a second look as above."""
+
+    def orphans() -> dict[tuple[str, str], Any]:
+        found = dict(served_entries(cache, session_id))
+        rows = Memory.objects.using(using)
+        for start in range(0, len(found), BATCH):
+            pairs = list(found)[start : start + BATCH]
+            for sid in {s for s, _ in pairs}:
+                keys = [k for s, k in pairs if s == sid]
+                for key in rows.filter(session_id=sid, key__in=keys).values_list("key", flat=True):
+                    found.pop((sid, key), None)
+        return found
+
+    if not orphans():
+        return []
+    time.sleep(RECHECK_SECONDS)
+    pending = set(PendingInvalidation.objects.using(using).values_list("session_id", "key"))
+    return [a for a in cache_orphans(orphans()) if (a.session_id, a.key) not in pending]

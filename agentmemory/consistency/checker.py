@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from ..records import VALUE_OPS
 from . import semantic
 from .history import IN_TRANSACTION, History, Operation, token_of
-from .state import StoredKey, StoredVersion
+from .state import CachedEntry, StoredKey, StoredVersion
 
 #: Every check, in report order, with what it proves.
 CHECKS = {
@@ -45,6 +46,9 @@ CHECKS = {
     "bad-input": "every call with bad input raises InvalidMemory and changes nothing",
     "caller-error": "no error other than VersionConflict/MemoryUnavailable reaches a caller",
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
+    "lost-by-database": "no acknowledged write is lost by the database itself (a failover to an "
+    "asynchronous standby): such losses are reported apart, naming the failover, and the other "
+    "checks judge the history the database kept",
 }
 
 
@@ -61,25 +65,60 @@ class Anomaly:
 
 
 def cache_divergence(
-    cached: dict[tuple[str, str], int | None], state: dict[tuple[str, str], StoredKey]
+    cached: dict[tuple[str, str], CachedEntry | None],
+    state: dict[tuple[str, str], StoredKey],
+    now: float | None = None,
 ) -> list[Anomaly]:
-    """At quiescence, an entry Redis holds (``cached``: its version per key, None where Redis
-    holds none) must be the database's current version; a missing entry is only a future miss."""
+    """At quiescence (``now``, POSIX seconds: the time of the look), an entry Redis serves
+    (``cached``: None where it serves none) must be the database's current version, holding that
+    version's value -- or absent, if the version is no value or its TTL has passed; a missing
+    entry is only a future miss. A key the database has no row of is :func:`cache_orphans`'."""
+    now = time.time() if now is None else now
     anomalies = []
-    for (session_id, key), version in sorted(cached.items()):
-        if version is None or (session_id, key) not in state:
+    for (session_id, key), entry in sorted(cached.items()):
+        if entry is None or (session_id, key) not in state:
             continue
-        stored = state[(session_id, key)].live_version
-        if version != stored:
-            anomalies.append(
-                Anomaly(
-                    "cache-divergence",
-                    session_id,
-                    key,
-                    f"Redis holds v{version}, the database v{stored}",
-                )
+        stored = state[(session_id, key)]
+        version = next((v for v in stored.versions if v.version == entry.version), None)
+        message = None
+        if entry.version != stored.live_version:
+            message = f"Redis holds v{entry.version}, the database v{stored.live_version}"
+        elif version is None:
+            pass  # pruned from the history: the version number is all there is to compare
+        elif entry.absent:
+            expired = version.expires_at is not None and version.expires_at <= now
+            if version.op in VALUE_OPS and not expired:
+                message = f"Redis holds v{entry.version} as absent, the database's holds a value"
+        elif version.op not in VALUE_OPS:
+            message = f"Redis holds a value as v{entry.version}, the database's is a {version.op}"
+        elif entry.value != version.value:
+            message = (
+                f"Redis holds v{entry.version} = {_short(entry.value)}, the database's "
+                f"v{entry.version} = {_short(version.value)}"
             )
+        if message is not None:
+            anomalies.append(Anomaly("cache-divergence", session_id, key, message))
     return anomalies
+
+
+def cache_orphans(entries: dict[tuple[str, str], CachedEntry]) -> list[Anomaly]:
+    """Entries Redis serves with a value for memories the database has no row of (``entries``:
+    only those)."""
+    return [
+        Anomaly(
+            "cache-divergence",
+            session_id,
+            key,
+            f"Redis holds v{entry.version} = {_short(entry.value)} of a memory the database "
+            "does not have",
+        )
+        for (session_id, key), entry in sorted(entries.items())
+    ]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def duplicate_rows(duplicates: dict[tuple[str, str], int]) -> list[Anomaly]:
@@ -163,8 +202,13 @@ def _brief(op: Operation) -> dict[str, Any]:
     }
 
 
-def check_history(history: History, state: dict[tuple[str, str], StoredKey]) -> list[Anomaly]:
-    anomalies: list[Anomaly] = []
+def check_history(
+    history: History, state: dict[tuple[str, str], StoredKey], failovers: Any = ()
+) -> list[Anomaly]:
+    """Every check of :data:`CHECKS` over the history and the final stored state. ``failovers``:
+    the database failovers injected during the run (each with ``crashed_at``, ``promoted_at``
+    and ``timelines``), whose losses are the database's own (:func:`database_losses`)."""
+    anomalies, history = database_losses(history, state, list(failovers))
     keyed = history.by_key()
     for (session_id, key), stored in sorted(state.items()):
         anomalies += audit_key(session_id, key, stored)
@@ -175,6 +219,84 @@ def check_history(history: History, state: dict[tuple[str, str], StoredKey]) -> 
     anomalies += _check_all_or_nothing(history, state)
     anomalies += _check_fractured_reads(history, state)
     return anomalies
+
+
+def database_losses(
+    history: History, state: dict[tuple[str, str], StoredKey], failovers: list[Any]
+) -> tuple[list[Anomaly], History]:
+    """The acknowledged writes and forgets a database failover took back, each a
+    ``lost-by-database`` anomaly, and the history the other checks then judge: without them,
+    without the reads of their keys made before the promotion and after they were invoked
+    (judged against a state the database no longer shows: right or wrong, the final state cannot
+    tell), and without the idempotent retries of them (which had nothing to find). A write
+    acknowledged after the last promotion and missing is the store's fault (``lost-update``); a
+    read after the promotion that returns a lost write is the cache's (``garbage-read``)."""
+    if not failovers:
+        return [], history
+    promoted = max(f.promoted_at for f in failovers)
+    held = {
+        pair: {(v.version, token_of(v.value)) for v in stored.versions if v.op in VALUE_OPS}
+        for pair, stored in state.items()
+    }
+    anomalies: list[Anomaly] = []
+    lost: set[str] = set()
+    lost_since: dict[tuple[str, str], float] = {}  # key -> when its first lost op was invoked
+    for op in history.operations:
+        pair = (op.session_id, op.key)
+        if op.status != "ok" or (op.completed_at or 0) > promoted:
+            continue
+        if op.is_write and (op.version, op.token) not in held.get(pair, ()):
+            what = f"v{op.version} of {op.token}"
+        elif op.kind == "forget" and op.result and not _forget_stored(state.get(pair), op):
+            what = "forget"
+        else:
+            continue
+        failover = min(
+            (f for f in failovers if f.crashed_at >= (op.completed_at or 0)),
+            key=lambda f: f.crashed_at,
+            default=failovers[-1],
+        )
+        old, new = failover.timelines
+        anomalies.append(
+            Anomaly(
+                "lost-by-database",
+                op.session_id,
+                op.key,
+                f"acknowledged {what} was lost by the database: the primary crashed "
+                f"{failover.crashed_at - (op.completed_at or 0):.3f}s later and the standby "
+                f"promoted (timeline {int(old, 16)} -> {int(new, 16)}) had not received it -- "
+                "asynchronous replication",
+                [_brief(op)],
+            )
+        )
+        lost.add(op.id)
+        lost_since[pair] = min(lost_since.get(pair, op.invoked_at), op.invoked_at)
+    crashed = [f.crashed_at for f in failovers]
+
+    def consequence(op: Operation) -> bool:
+        pair = (op.session_id, op.key)
+        if op.id in lost:
+            return True
+        if op.kind == "recall" and (op.completed_at or op.invoked_at) <= promoted:
+            return pair in lost_since and (op.completed_at or op.invoked_at) >= lost_since[pair]
+        error = op.error or ""
+        if error.startswith("IdempotencyBroken"):
+            return pair in lost_since
+        # An erase whose own reads ran across the crash: what it erased may be lost with it.
+        return error.startswith("ErasedRead") and any(
+            op.invoked_at <= t <= (op.completed_at or t) for t in crashed
+        )
+
+    kept = History(history.run_id, [op for op in history.operations if not consequence(op)])
+    return anomalies, kept
+
+
+def _forget_stored(stored: StoredKey | None, op: Operation) -> bool:
+    """Whether the final history holds a forget made while ``op`` ran."""
+    return stored is not None and any(
+        v.op not in VALUE_OPS and op.invoked_at - 0.001 <= v.created_at <= (op.completed_at or 0)
+        for v in stored.versions
+    )
 
 
 def _check_fractured_reads(
@@ -551,6 +673,8 @@ __all__ = [
     "StoredKey",
     "audit_key",
     "cache_divergence",
+    "cache_orphans",
     "check_history",
+    "database_losses",
     "duplicate_rows",
 ]

@@ -32,6 +32,15 @@ on the project's own Redis: it touches only the run's throw-away keys.
   or a replica promoted before it received the newest writes, hands back. A tier that trusted
   it (one that skipped the server-identity check) serves a stale read.
 
+On a PostgreSQL HA cluster under Patroni on this machine (one alias over several hosts, which
+follows the primary), ``--faults db`` adds one more:
+
+* ``db-failover``: the primary stops replicating for half a second, then crashes (Patroni and
+  PostgreSQL killed); Patroni promotes a standby, the crashed node is started again and streams
+  from it (:mod:`~agentmemory.consistency.pg_failover`). With asynchronous replication the writes
+  acknowledged in that half second are lost by the database: the checker reports them as
+  ``lost-by-database``, apart from anything the store or its cache did.
+
 On a cluster (``--database default,node2,node3``, MariaDB Galera nodes on this machine), two more:
 
 * ``node-kill``: ``kill -9`` one node's server (never the first alias's), start it again with the
@@ -77,6 +86,7 @@ from .nodes import (
     pause,
     wait_cluster_synced,
 )
+from .pg_failover import Failover, check_local_cluster, fail_over, is_ha_alias
 
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause", "cache-restart", "cache-failover")
@@ -124,6 +134,12 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
             except NodeUnavailable as exc:
                 raise FaultsUnavailable(f"--faults {mode} on a cluster: {exc}") from None
         kinds = kinds + NODE_FAULTS
+    if mode in ("db", "all") and is_ha_alias(database):
+        try:
+            check_local_cluster(database)
+        except NodeUnavailable as exc:
+            raise FaultsUnavailable(f"--faults {mode} on a PostgreSQL HA cluster: {exc}") from None
+        kinds = (*kinds, "db-failover")
     connection = connections[database]
     if any(k.startswith("db-") for k in kinds) and connection.vendor != "sqlite":
         host = str(connection.settings_dict.get("HOST") or "")
@@ -170,6 +186,9 @@ class Nemesis:
         self.kinds = tuple(kinds)
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
+        #: The failovers injected (``db-failover``): the checker tells the database's losses by
+        #: them.
+        self.failovers: list[Failover] = []
         self._rng = random.Random(f"nemesis-{seed}")
         self._interval = interval
         self._vendor = flavor(connections[database])
@@ -311,6 +330,10 @@ class Nemesis:
                 continue
             killed += int(admin.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}") or 0)
         return killed > 0
+
+    def _db_failover(self) -> bool:
+        self.failovers.append(fail_over(self.database, self._stop))
+        return True
 
     def _node_kill(self) -> bool:
         node = local_node(self._rng.choice(self.nodes))

@@ -73,7 +73,7 @@ def kill_and_restart(node: LocalNode, *, timeout: float = SYNC_TIMEOUT_SECONDS) 
     """``kill -9`` the node's server, start it again with the same command line, and return
     once it is Synced."""
     os.kill(node.pid, signal.SIGKILL)
-    _wait_gone(node.pid)
+    wait_gone(node.pid)
     # A restarted node joins the cluster it left: never bootstrap a new one beside it.
     argv = [arg for arg in node.argv if arg not in ("--wsrep-new-cluster", "--wsrep_new_cluster")]
     process = subprocess.Popen(
@@ -164,7 +164,7 @@ def client_timeouts(aliases: Iterable[str], seconds: int) -> Iterator[None]:
             connections[alias].settings_dict["OPTIONS"] = options
 
 
-def _wait_gone(pid: int, timeout: float = 30.0) -> None:
+def wait_gone(pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -39,7 +39,7 @@ from .faults import (
 from .history import History, Operation
 from .nodes import client_timeouts
 from .redis_servers import SentinelGroup
-from .state import cached_versions, duplicate_keys, load_state
+from .state import cached_entries, duplicate_keys, load_state
 from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
 
 
@@ -381,14 +381,15 @@ def _run(
                     )
             injected.update(nemesis.counts)
             fault_errors += nemesis.errors
+            failovers = nemesis.failovers
             seconds = time.monotonic() - started
             final_reads(stores, run_id, config, history)
         for one in stores:
             retries.update(one.retries)
         state = load_state(database, sessions)
         anomalies = duplicate_rows(duplicate_keys(database, sessions))
-        anomalies += check_history(history, state)
-        anomalies += cache_divergence(cached_versions(store.cache, state), state)
+        anomalies += check_history(history, state, failovers)
+        anomalies += cache_divergence(cached_entries(store.cache, state), state)
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)

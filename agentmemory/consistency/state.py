@@ -3,14 +3,15 @@ checks in :mod:`agentmemory.consistency.checker`."""
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Count
 
-from ..cache import entry_version, stamp
+from ..cache import decode_entry, entry_version, stamp
 from ..models import Memory, MemoryVersion
 
 
@@ -83,22 +84,88 @@ def duplicate_keys(using: str, session_ids: Iterable[str]) -> dict[tuple[str, st
     return {(d["session_id"], d["key"]): d["n"] for d in dupes}
 
 
-def cached_versions(
+@dataclass(frozen=True)
+class CachedEntry:
+    """What a Redis entry serves: a version, and its value or that the memory is absent."""
+
+    version: int
+    absent: bool
+    value: Any = None
+
+
+def cached_entries(
     cache: Any, keys: Iterable[tuple[str, str]]
-) -> dict[tuple[str, str], int | None]:
-    """The version each key's Redis entry serves (None: no entry, a tombstone, or an entry of
-    another server process, none of which is served); {} without a cache tier."""
+) -> dict[tuple[str, str], CachedEntry | None]:
+    """What each key's Redis entry serves (None: no entry, a tombstone, or an entry of another
+    server process or database epoch, none of which is served); {} without a cache tier."""
     if cache is None:
         return {}
     keys = sorted(keys)
     client = cache.client
     raw = client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
+    trusted = served_stamp(cache)
+    found: dict[tuple[str, str], CachedEntry | None] = {}
+    for pair, entry in zip(keys, raw, strict=True):
+        found[pair] = None if entry is None else _served(entry, trusted)
+    return found
+
+
+def cached_versions(
+    cache: Any, keys: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], int | None]:
+    """The version each key's Redis entry serves (see :func:`cached_entries`)."""
+    return {
+        pair: None if entry is None else entry.version
+        for pair, entry in cached_entries(cache, keys).items()
+    }
+
+
+def served_stamp(cache: Any) -> str:
+    """The stamp of the entries a reader trusts now: this Redis server's run_id and the fence's
+    epoch (the database's, when no fence is up: what the next renewal sets)."""
+    client = cache.client
     fenced = client.get(cache.fence_key)
-    trusted = stamp(
+    return stamp(
         client.info("server")["run_id"],
         fenced.decode() if fenced is not None else cache.database_epoch(),
     )
-    return {
-        pair: None if entry is None else entry_version(entry, trusted)
-        for pair, entry in zip(keys, raw, strict=True)
-    }
+
+
+def served_entries(
+    cache: Any, session_id: str | None = None, batch: int = 1000
+) -> Iterator[tuple[tuple[str, str], CachedEntry]]:
+    """Every served entry of the tier that holds a value (not an absence), with its (session,
+    key) -- of one session, or all: by ``SCAN`` over the tier's names, read-only."""
+    client = cache.client
+    trusted = served_stamp(cache)
+    names = client.scan_iter(match=f"{_glob_escape(cache.prefix)}m:*", count=batch)
+    while chunk := list(itertools.islice(names, batch)):
+        for raw in client.mget(chunk):
+            if raw is None:
+                continue
+            entry = _served(raw, trusted)
+            if entry is None or entry.absent:
+                continue
+            try:
+                _, _, payload = decode_entry(raw)
+            except ValueError:
+                continue  # no ids to name it by (a key the audit reads by name reports it)
+            if payload is not None and session_id in (None, payload["s"]):
+                yield (payload["s"], payload["k"]), entry
+
+
+def _served(raw: bytes | str, trusted: str) -> CachedEntry | None:
+    version = entry_version(raw, trusted)
+    if version is None:
+        return None
+    try:
+        _, _, payload = decode_entry(raw)
+    except ValueError:  # not JSON: whatever it holds is not the database's value
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        return CachedEntry(version, False, text.split("|", 2)[-1])
+    assert payload is not None
+    return CachedEntry(version, bool(payload.get("absent")), payload.get("v"))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
