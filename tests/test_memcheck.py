@@ -1,5 +1,6 @@
 """manage.py memcheck: exit 0 on the locked path, 1 with counterexamples on the unlocked one."""
 
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -7,8 +8,8 @@ from collections import Counter
 import pytest
 from django.core.management import call_command
 
-from agentmemory import clock
-from agentmemory.cache import stamp
+from agentmemory import MemoryStore, clock
+from agentmemory.cache import encode_payload, stamp
 from agentmemory.consistency.pg_failover import is_ha_alias
 from agentmemory.models import Memory
 
@@ -238,6 +239,36 @@ def test_audit_finds_a_diverging_cache_entry_and_an_unpurged_expired_row(store):
     store.cache.client.set(store.cache.entry_key("s", "k"), f"1|{trusted}|planted")
     code, out = run("--audit")
     assert code == 1 and "cache-divergence" in out and "Redis holds v1, the database v2" in out
+
+
+def test_audit_finds_cache_entries_whose_value_or_memory_the_database_lacks():
+    """What a database that went back (a failover that lost writes, a restore) leaves in a
+    tier that did not follow it: v2 with another value than the database's v2, and a memory the
+    database does not have at all. Entries the tier would not serve (another epoch) are no
+    finding: nothing reads them."""
+    store = MemoryStore(cache=redis_alias())
+    store.remember("s", "k", "kept")
+    store.remember("s", "k", "the database's v2")
+    code, out = run("--audit")
+    assert code == 0, out
+    trusted = stamp(store.cache.client.info("server")["run_id"], store.cache.database_epoch())
+    lost_v2 = dataclasses.replace(store.recall("s", "k"), value="a lost v2")
+    gone = dataclasses.replace(lost_v2, key="gone", version=3)
+    client = store.cache.client
+    client.set(store.cache.entry_key("s", "k"), f"2|{trusted}|{encode_payload('s', 'k', lost_v2)}")
+    client.set(
+        store.cache.entry_key("s", "gone"), f"3|{trusted}|{encode_payload('s', 'gone', gone)}"
+    )
+    code, out = run("--audit")
+    assert code == 1, out
+    assert "Redis holds v2 = 'a lost v2', the database's v2 = \"the database's v2\"" in out
+    assert "('s', 'gone'): Redis holds v3 = 'a lost v2' of a memory the database does not" in out
+    # Stamped with another epoch, the same entries are never served: nothing to report.
+    older = stamp(client.info("server")["run_id"], "fffffffe")
+    client.set(store.cache.entry_key("s", "k"), f"2|{older}|{encode_payload('s', 'k', lost_v2)}")
+    client.set(store.cache.entry_key("s", "gone"), f"3|{older}|{encode_payload('s', 'gone', gone)}")
+    code, out = run("--audit")
+    assert code == 0, out
 
 
 @pytest.mark.parametrize(

@@ -370,6 +370,20 @@ def test_memcheck_reports_what_an_asynchronous_failover_lost_and_nothing_else():
     assert "asynchronous replication" in report["anomalies"][0]["message"]
 
 
+def test_memcheck_catches_a_cache_tier_that_outlives_a_failover(settings):
+    """The seam: with CACHE_PROTECTION off the tier ignores the database's epoch (and the Redis
+    server's identity), so after the failover it serves writes the database lost -- reported as
+    reads of values the database does not hold, beside the database's own losses."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE_PROTECTION": False}
+    redis_alias()
+    code, report = memcheck("--faults", "db", "--seconds", "4", "--workers", "6")
+    checks = {anomaly["check"] for anomaly in report["anomalies"]}
+    assert code == 1 and "lost-by-database" in checks, report["faults"]
+    assert checks - {"lost-by-database"} & {"garbage-read", "stale-read", "cache-divergence"}, (
+        checks
+    )
+
+
 def test_memcheck_finds_nothing_across_a_synchronous_failover(synchronous_mode):
     redis_alias()
     code, report = memcheck("--faults", "db", "--seconds", "4", "--workers", "6")
