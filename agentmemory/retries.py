@@ -19,7 +19,14 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 from .conf import get_config
 from .defects import failpoint_commit_answer
 from .errors import MemoryUnavailable
-from .vendors import Transient, begin_durable, classify, commit_unconfirmed, lock_wait_at_most
+from .vendors import (
+    Transient,
+    begin_durable,
+    classify,
+    commit_unconfirmed,
+    expect_commit,
+    lock_wait_at_most,
+)
 
 T = TypeVar("T")
 #: What a failed attempt may raise that the policy looks at: Django's ``DatabaseError`` family,
@@ -108,7 +115,7 @@ class Retrier:
         not known yet, never an acknowledgement. (The cache tier does not serve it either.)"""
 
         def confirmed(retry: bool) -> T:
-            connection.agentmemory_unconfirmed = False
+            expect_commit(connection)
             result = attempt(retry)
             if commit_unconfirmed(connection):
                 raise MemoryUnavailable(

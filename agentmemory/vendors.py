@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import math
 import sqlite3
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -409,33 +411,41 @@ _POSTGRES_SESSION = (
 def setup_postgres_session(connection: Any, lock_wait_seconds: float | None) -> None:
     """At connect, on PostgreSQL: learn the database's epoch (:func:`epoch`) and whether the
     session's ``synchronous_commit`` needs raising for the store's transactions
-    (:func:`raises_synchronous_commit`), bound the lock wait (:func:`bound_lock_wait`), and
-    watch the server's notices for a COMMIT that only committed locally
-    (:func:`commit_unconfirmed`) -- in one round trip."""
-    import weakref
-
+    (:func:`raises_synchronous_commit`), bound the lock wait (:func:`bound_lock_wait`) -- in one
+    round trip -- and watch the server's notices for a COMMIT that only committed locally
+    (:func:`commit_unconfirmed`)."""
     limit = 0 if lock_wait_seconds is None else max(1, math.ceil(lock_wait_seconds * 1000))
     with connection.cursor() as cursor:
         cursor.execute(_POSTGRES_SESSION, [f"{limit}ms", limit, limit])
         timeline, synchronous_commit, _ = cursor.fetchone()
     connection.agentmemory_epoch = timeline or NO_EPOCH
     connection.agentmemory_raise_commit = synchronous_commit in POSTGRES_UNSAFE_COMMIT
-    connection.agentmemory_unconfirmed = False
-    wrapper = weakref.ref(connection)
+    raw = connection.connection
+    if raw not in _WATCHED:  # once per driver connection (a pool hands the same one out again)
+        raw.add_notice_handler(functools.partial(_notice, weakref.ref(raw)))
+        _WATCHED.add(raw)
 
-    def notice(diagnostic: Any) -> None:
-        # PostgreSQL's syncrep.c: a COMMIT whose wait for the synchronous standby was cancelled
-        # (pg_cancel_backend, a statement timeout of a pooler) returns success with this
-        # WARNING, SQLSTATE 01000 (no code of its own): "canceling wait for synchronous
-        # replication due to user request -- The transaction has already committed locally,
-        # but might not have been replicated to the standby." The store's statements raise
-        # no other warning.
-        if diagnostic.severity_nonlocalized == "WARNING" and diagnostic.sqlstate == "01000":
-            found = wrapper()
-            if found is not None:
-                found.agentmemory_unconfirmed = True
 
-    connection.connection.add_notice_handler(notice)
+#: The driver connections whose notices are watched, and those whose last COMMIT came back with
+#: the cancelled-wait warning (kept with the driver's connection, not Django's wrapper: a pool
+#: hands one driver connection to several wrappers in turn).
+_WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
+_UNCONFIRMED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _notice(raw: weakref.ref[Any], diagnostic: Any) -> None:
+    # PostgreSQL's syncrep.c: a COMMIT whose wait for the synchronous standby was cancelled
+    # (pg_cancel_backend, a pooler's statement timeout) returns success with this WARNING,
+    # SQLSTATE 01000 (no code of its own; its text depends on lc_messages): "canceling wait for
+    # synchronous replication due to user request -- The transaction has already committed
+    # locally, but might not have been replicated to the standby." The store's statements
+    # raise no other warning.
+    found = raw()
+    if found is not None and (diagnostic.severity_nonlocalized, diagnostic.sqlstate) == (
+        "WARNING",
+        "01000",
+    ):
+        _UNCONFIRMED[found] = True
 
 
 def epoch(connection: Any) -> str:
@@ -464,14 +474,17 @@ def raises_synchronous_commit(connection: Any) -> bool:
 
 
 def begin_durable(connection: Any) -> None:
-    """At the start of one of the store's transactions: forget an earlier COMMIT's notice, and
-    make this transaction's COMMIT durable (see :func:`raises_synchronous_commit`)."""
-    if connection.vendor != "postgresql":
-        return
-    connection.agentmemory_unconfirmed = False
-    if raises_synchronous_commit(connection):
+    """At the start of one of the store's transactions: make its COMMIT durable (see
+    :func:`raises_synchronous_commit`)."""
+    if connection.vendor == "postgresql" and raises_synchronous_commit(connection):
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = on")
+
+
+def expect_commit(connection: Any) -> None:
+    """Before one of the store's calls: forget what an earlier COMMIT's notices said."""
+    if connection.connection is not None:
+        _UNCONFIRMED.pop(connection.connection, None)
 
 
 def commit_unconfirmed(connection: Any) -> bool:
@@ -479,4 +492,4 @@ def commit_unconfirmed(connection: Any) -> bool:
     wait for the synchronous standby was cancelled: committed locally, perhaps not replicated,
     so a failover may take it back. The store does not acknowledge it (``MemoryUnavailable``),
     and the cache tier does not serve it."""
-    return bool(getattr(connection, "agentmemory_unconfirmed", False))
+    return connection.connection is not None and _UNCONFIRMED.get(connection.connection, False)
