@@ -1,24 +1,24 @@
 """PostgreSQL HA (``scripts/pg-ha.sh``: Patroni and etcd on this machine, a leader and a streaming
 replica): the store's one alias over both hosts (``target_session_attrs=read-write``) is on the
-leader, and follows it across a switchover -- the connection the old leader drops is reopened by
-the store's retry on whichever host is the primary now. Every wait is for an event Patroni or
-PostgreSQL reports (a replica's replayed LSN, a new leader running, the old one streaming), never
-a fixed sleep. ``make test`` runs the whole suite on this cluster too (backend ``pg-ha``)."""
+leader and follows it across a switchover; across a crash of the leader that an asynchronous
+standby's promotion loses writes with, the Redis tier serves none of them (in the writing process
+and in a new one) and every write after it is recalled at once; a COMMIT whose wait for the
+synchronous standby was cancelled is not acknowledged; checks W007; and memcheck's db-failover
+fault, asynchronous (only the database's losses) and synchronous (nothing). Every wait is for an
+event Patroni or PostgreSQL reports (a replica's replayed LSN, a new leader running, a COMMIT
+waiting for the standby), never a fixed sleep. ``make test`` runs the whole suite on this cluster
+too (backend ``pg-ha``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from django.db import connections
 
 from agentmemory import MemoryStore, MemoryUnavailable
 from agentmemory.checks import check_durable_commits
+from agentmemory.consistency.pg_failover import crash_primary, replication_stopped
 from agentmemory.consistency.state import cached_versions
 
 from .conftest import redis_alias
@@ -142,52 +143,6 @@ def test_the_store_follows_the_primary_across_a_switchover(store):
 
 
 # ---------------------------------------------------------------------- a failover that loses writes
-#: scripts/pg-ha.sh's data directory (its pid files).
-PG_HA_DIR = Path(os.environ.get("PG_HA_DIR", "/tmp/agentmemory-pg-ha"))
-
-
-def _processes() -> Iterator[tuple[int, int, str]]:
-    """(pid, parent pid, command line) of every process of this machine."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        yield int(entry.name), int(stat.rsplit(")", 1)[1].split()[1]), command
-
-
-def crash(name: str) -> None:
-    """Kill node ``name`` as a power cut would: its Patroni and every PostgreSQL process, at once
-    (SIGKILL: nothing is flushed or sent)."""
-    config = str(PG_HA_DIR / name / "patroni.yml")
-    postmaster = int((PG_HA_DIR / name / "data" / "postmaster.pid").read_text().split()[0])
-    doomed = [pid for pid, _, command in _processes() if config in command and "patroni" in command]
-    doomed += [postmaster] + [pid for pid, parent, _ in _processes() if parent == postmaster]
-    for pid in doomed:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def replication_stopped() -> Iterator[None]:
-    """The leader's WAL senders stopped (SIGSTOP) inside the block: the replica receives
-    nothing; resumed after it, unless the block killed them (a stopped sender would hold its
-    replication slot, and every DROP DATABASE, forever)."""
-    with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_replication")
-        senders = [row[0] for row in cursor.fetchall()]
-    assert senders, "the leader has no WAL sender"
-    for pid in senders:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in senders:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 @pytest.fixture
@@ -226,7 +181,7 @@ def test_a_failover_that_loses_acknowledged_writes_never_lets_redis_serve_them(
 
     # The leader sends the replica nothing more: what follows is acknowledged, never replicated.
     old = leader()
-    with replication_stopped():
+    with replication_stopped("default"):
         for i in range(5):
             store.remember("kept", f"k{i}", {"n": 2, "lost": True})
         store.forget("kept", "forgotten")
@@ -238,7 +193,7 @@ def test_a_failover_that_loses_acknowledged_writes_never_lets_redis_serve_them(
         before = what_is_recalled(pairs, store)
         assert store.last_read_source == "cache"
         assert before[:6] == [[2, {"n": 2, "lost": True}]] * 5 + [None]
-        crash(old["name"])
+        crash_primary("default")
 
     wait_for(
         lambda: leader()["name"] != old["name"] and leader()["state"] == "running",
@@ -330,7 +285,7 @@ def test_a_commit_whose_wait_for_the_synchronous_standby_was_cancelled_is_not_ac
         writer.join(60)
         return outcome
 
-    with replication_stopped():
+    with replication_stopped("default"):
         outcome = write_and_cancel_its_wait()
         assert "record" not in outcome, "a COMMIT the standby never confirmed was acknowledged"
         assert "synchronous standby was cancelled" in str(outcome["error"])

@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,33 +84,52 @@ def check_local_cluster(alias: str) -> None:
 def fail_over(alias: str, stop: Any = None) -> Failover:
     """Inject one failover on ``alias``'s cluster (the module's steps); ``stop``, an Event,
     shortens the unreplicated window when set."""
-    primary = _primary(alias)
-    senders = _sql(alias, "SELECT pid FROM pg_stat_replication")
-    for (pid,) in senders:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
-    try:
+    with replication_stopped(alias) as senders:
         if stop is not None:
             stop.wait(UNREPLICATED_SECONDS)
         else:
             time.sleep(UNREPLICATED_SECONDS)
         crashed_at = clock.now().timestamp()
-        for pid in [primary.patroni_pid, primary.postmaster, *_children(primary.postmaster)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    finally:
-        for (pid,) in senders:  # dead by now; resumed if the crash did not happen
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-    for pid in (primary.patroni_pid, primary.postmaster):
-        wait_gone(pid)
+        primary = crash_primary(alias)
     timeline = _wait_for(
         lambda: _newer_timeline(alias, primary.timeline), "a standby promoted on a newer timeline"
     )
     promoted_at = clock.now().timestamp()
     _restart_patroni(primary)
-    _wait_for(lambda: _standbys_streaming(alias, len(senders)), "the crashed node streaming again")
+    _wait_for(lambda: _standbys_streaming(alias, senders), "the crashed node streaming again")
     return Failover(crashed_at, promoted_at, (primary.timeline, timeline))
+
+
+@contextlib.contextmanager
+def replication_stopped(alias: str) -> Iterator[int]:
+    """Inside the block the primary's WAL senders are stopped (``SIGSTOP``): its standbys
+    receive nothing. Yields how many there are; resumes those still alive after it (a stopped
+    sender would hold its replication slot, and every ``DROP DATABASE``, forever)."""
+    senders = [pid for (pid,) in _sql(alias, "SELECT pid FROM pg_stat_replication")]
+    if not senders:
+        raise NodeUnavailable(f"{alias!r}: the primary has no standby streaming from it")
+    for pid in senders:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield len(senders)
+    finally:
+        for pid in senders:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def crash_primary(alias: str) -> Any:
+    """Kill the alias's primary as a power cut would: its Patroni and every PostgreSQL process
+    at once (``SIGKILL``: nothing is flushed or sent). Returns what it takes to start that
+    Patroni again, once they are gone."""
+    primary = _primary(alias)
+    for pid in [primary.patroni_pid, primary.postmaster, *_children(primary.postmaster)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in (primary.patroni_pid, primary.postmaster):
+        wait_gone(pid)
+    return primary
 
 
 # ---------------------------------------------------------------------- the processes
