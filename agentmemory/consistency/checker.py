@@ -52,6 +52,11 @@ CHECKS = {
 }
 
 
+#: The checks that report the database's own failures, not the store's (the self-test counts
+#: them neither against the real store nor as a planted bug caught).
+DATABASE_OWN = frozenset({"lost-by-database"})
+
+
 @dataclass
 class Anomaly:
     check: str
@@ -669,6 +674,7 @@ def _absent_during(by_version: dict[int, StoredVersion], floor: int, read: Opera
 
 __all__ = [
     "CHECKS",
+    "DATABASE_OWN",
     "Anomaly",
     "StoredKey",
     "audit_key",
