@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from .checker import CHECKS
+from .checker import CHECKS, DATABASE_OWN
 from .runner import RunResult
 
 EXAMPLES_PER_CHECK = 3
@@ -99,10 +99,25 @@ def render_text(result: RunResult) -> str:
                     f"t=[{op['invoked_at']:.4f}, {op['completed_at'] or 0:.4f}]"
                     + (f" error={op['error']}" if op["error"] else "")
                 )
-        lines.append("\nRESULT: anomalies found" + _raised_note(raised, calls))
+        lines.append("\nRESULT: " + _verdict(found) + _raised_note(raised, calls))
     else:
         lines.append("\nRESULT: no anomaly" + _raised_note(raised, calls))
     return "\n".join(lines)
+
+
+def _verdict(found: Counter[str]) -> str:
+    """The RESULT line's words: the database's own losses apart from the store's anomalies."""
+    own = sum(n for check, n in found.items() if check in DATABASE_OWN)
+    theirs = sum(found.values()) - own
+    if not own:
+        return "anomalies found"
+    lost = (
+        f"the database lost {own} acknowledged write(s) in a failover (its standby had not "
+        "received them: asynchronous replication)"
+    )
+    if theirs:
+        return f"anomalies found ({theirs}), and {lost}"
+    return f"{lost}; no anomaly of the store or its cache tier"
 
 
 def _raised_note(raised: Counter[str], calls: int) -> str:
