@@ -16,6 +16,9 @@
 #   scripts/pg-ha.sh url        the DATABASE_URL of the cluster: one alias over both hosts that
 #                               connects to whichever is the primary (target_session_attrs)
 #   scripts/pg-ha.sh leader     the port of the current leader
+#   scripts/pg-ha.sh failover   crash the leader (Patroni and PostgreSQL, SIGKILL), wait for the
+#                               replica's promotion, start the crashed node again, wait until it
+#                               streams (memcheck --faults db does the same, mid-workload)
 #
 # Exits non-zero naming what failed and the end of its log.
 set -uo pipefail
@@ -244,6 +247,29 @@ stop() {
   say "stopped"
 }
 
+# The leader crashes as in a power cut (its Patroni and every PostgreSQL process, SIGKILL):
+# Patroni promotes the replica once the leader key expires (ttl); the crashed node is started
+# again and rejoins as a replica (rewound when it had WAL the new leader lacks). With
+# asynchronous replication, what the replica had not received is lost.
+failover() {
+  local port n postmaster
+  port=$(leader_port)
+  [ -n "$port" ] && [ "$port" != 0 ] || fail "no running leader to crash"
+  n=$((port - 5440))
+  postmaster=$(head -n1 "$DIR/node$n/data/postmaster.pid" 2>/dev/null)
+  say "crashing node$n (the leader, port $port)"
+  kill -9 "$(patroni_pid "$n")" $postmaster $(pgrep -P "$postmaster") 2>/dev/null
+  local tries=0
+  until [ -n "$(leader_port)" ] && [ "$(leader_port)" != 0 ] && [ "$(leader_port)" != "$port" ]; do
+    tries=$((tries + 1))
+    [ $tries -gt 1200 ] && fail "no other node became the leader within 120 s"
+    sleep 0.1
+  done
+  say "node$(( $(leader_port) - 5440 )) leads; starting node$n again"
+  start_node "$n"
+  wait_ready
+}
+
 url() {
   echo "postgres://postgres@127.0.0.1:$(pg_port 1),127.0.0.1:$(pg_port 2)/agentmemory?target_session_attrs=read-write"
 }
@@ -254,5 +280,6 @@ case "${1:-}" in
   status) runuser -u "$RUN_AS" -- "$VENV/bin/patronictl" -c "$DIR/node1/patroni.yml" list ;;
   url) url ;;
   leader) leader_port ;;
-  *) echo "usage: $0 start [async|sync] | stop | status | url | leader" >&2; exit 2 ;;
+  failover) failover ;;
+  *) echo "usage: $0 start [async|sync] | stop | status | url | leader | failover" >&2; exit 2 ;;
 esac
