@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from project.settings import cluster_urls
 
@@ -22,8 +23,15 @@ def example_env() -> dict[str, str]:
     # This suite's settings module is in the environment (pytest-django puts it there), and it
     # would win over the example's own: the example would then run on this suite's test database.
     env["DJANGO_SETTINGS_MODULE"] = "agent_backend.settings"
-    # A cluster's URL lists every node: the example project is a one-database project, on node 1.
-    url = cluster_urls(os.environ.get("DATABASE_URL", ""))[0]
+    # A cluster's URL lists every node: the example project is a one-database project, on node 1
+    # -- on a PostgreSQL HA cluster, on the primary (a failover may have moved it off node 1).
+    urls = cluster_urls(os.environ.get("DATABASE_URL", ""))
+    url = urls[0]
+    if len(urls) > 1 and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT inet_server_port()")
+            port = cursor.fetchone()[0]
+        (url,) = [one for one in urls if dj_database_url.parse(one)["PORT"] == port]
     if url and not url.startswith("sqlite"):
         parsed = dj_database_url.parse(url)
         env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/agent_backend"
@@ -51,7 +59,8 @@ def run_example(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-pytestmark = pytest.mark.slow
+# django_db: example_env asks this run's connection which host is the primary (PostgreSQL HA).
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 
 def test_the_example_project_passes_with_the_plugin():

@@ -262,6 +262,7 @@ class Nemesis:
                         self.counts[kind] += 1
                 except Exception as exc:  # reported; the run goes on
                     self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+                    connections.close_all()  # a connection the fault broke: a new one next time
                 if not order:
                     self.round_done.set()
         finally:
@@ -332,7 +333,13 @@ class Nemesis:
         return killed > 0
 
     def _db_failover(self) -> bool:
-        self.failovers.append(fail_over(self.database, self._stop))
+        try:
+            failover = fail_over(self.database, self._stop)
+        finally:
+            connections.close_all()  # this thread's went with the old primary
+        if failover is None:  # stopped before the crash
+            return False
+        self.failovers.append(failover)
         return True
 
     def _node_kill(self) -> bool:

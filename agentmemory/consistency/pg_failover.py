@@ -81,12 +81,13 @@ def check_local_cluster(alias: str) -> None:
         ) from None
 
 
-def fail_over(alias: str, stop: Any = None) -> Failover:
-    """Inject one failover on ``alias``'s cluster (the module's steps); ``stop``, an Event,
-    shortens the unreplicated window when set."""
+def fail_over(alias: str, stop: Any = None) -> Failover | None:
+    """Inject one failover on ``alias``'s cluster (the module's steps). ``stop``, an Event: set
+    before the crash, nothing is crashed (None)."""
     with replication_stopped(alias) as senders:
         if stop is not None:
-            stop.wait(UNREPLICATED_SECONDS)
+            if stop.wait(UNREPLICATED_SECONDS):
+                return None
         else:
             time.sleep(UNREPLICATED_SECONDS)
         crashed_at = clock.now().timestamp()

@@ -383,6 +383,9 @@ def _run(
             fault_errors += nemesis.errors
             failovers = nemesis.failovers
             seconds = time.monotonic() - started
+            if failovers:  # this thread's connections went with the old primary
+                for alias in aliases:
+                    connections[alias].close()
             final_reads(stores, run_id, config, history)
         for one in stores:
             retries.update(one.retries)
