@@ -483,7 +483,7 @@ def begin_durable(connection: Any) -> None:
 
 def expect_commit(connection: Any) -> None:
     """Before one of the store's calls: forget what an earlier COMMIT's notices said."""
-    if connection.connection is not None:
+    if connection.vendor == "postgresql" and connection.connection is not None:
         _UNCONFIRMED.pop(connection.connection, None)
 
 
@@ -492,4 +492,8 @@ def commit_unconfirmed(connection: Any) -> bool:
     wait for the synchronous standby was cancelled: committed locally, perhaps not replicated,
     so a failover may take it back. The store does not acknowledge it (``MemoryUnavailable``),
     and the cache tier does not serve it."""
-    return connection.connection is not None and _UNCONFIRMED.get(connection.connection, False)
+    return (
+        connection.vendor == "postgresql"
+        and connection.connection is not None
+        and _UNCONFIRMED.get(connection.connection, False)
+    )
