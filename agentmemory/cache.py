@@ -115,12 +115,12 @@ RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')"
 # (a client still on a demoted primary) is refused, and the first write or renewal of a newer
 # one deletes a fence of an older epoch -- from then on no entry cached before the failover is
 # served, whatever it holds. Epochs are hexadecimal (PostgreSQL's timelines), compared as
-# numbers. KEYS[fence], KEYS[epoch key], the caller's epoch in EPOCH: returns false when the
-# caller's epoch is older than the newest seen.
+# numbers. Formatted with the fence's and the epoch key's KEYS and the caller's epoch: the
+# script returns 0 when the caller's epoch is older than the newest seen.
 ADVANCE_EPOCH = """
 local newest = redis.call('GET', {epoch_key})
 local mine = tonumber({epoch}, 16)
-if newest and tonumber(newest, 16) > mine then return false end
+if newest and tonumber(newest, 16) > mine then return 0 end
 if newest ~= {epoch} then redis.call('SET', {epoch_key}, {epoch}) end
 local fenced = redis.call('GET', {fence})
 if fenced and fenced ~= {epoch} and (tonumber(fenced, 16) or 0) < mine then
@@ -201,9 +201,7 @@ if token ~= '' then
 end
 redis.call('DEL', KEYS[2])
 """
-    + ADVANCE_EPOCH.format(epoch_key="KEYS[4]", epoch="ARGV[5]", fence="KEYS[3]").replace(
-        "return false", "return 0"
-    )
+    + ADVANCE_EPOCH.format(epoch_key="KEYS[4]", epoch="ARGV[5]", fence="KEYS[3]")
     + f"""
 local me = {RUN_ID} .. '/' .. ARGV[5]
 local new = tonumber(ARGV[1])
@@ -232,9 +230,7 @@ return 1
 # trust. A writer of an older epoch than the newest seen marks nothing (its entries are never
 # trusted) and gets 0.
 MARK_SCRIPT = (
-    ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[2]", fence="KEYS[1]").replace(
-        "return false", "return 0"
-    )
+    ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[2]", fence="KEYS[1]")
     + f"""
 local me = {RUN_ID} .. '/' .. ARGV[2]
 for i = 3, #KEYS do
@@ -254,9 +250,7 @@ return 1
 # A reader's renewal of the fence. KEYS: fence, epoch key. ARGV: the epoch of the database the
 # reader just read, the fence's expiry (Redis clock ms). Refused (0) if a newer epoch was seen.
 RENEW_SCRIPT = (
-    ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[1]", fence="KEYS[1]").replace(
-        "return false", "return 0"
-    )
+    ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[1]", fence="KEYS[1]")
     + """
 redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
 return 1
@@ -583,7 +577,7 @@ class MemoryCache:
         if not versions or not self.available:
             return False
         keys = sorted(versions)
-        stamp = self.database_epoch()
+        epoch_now = self.database_epoch()
         try:
             self._run(
                 MARK_SCRIPT,
@@ -594,7 +588,7 @@ class MemoryCache:
                             self.epoch_key,
                             *(self.entry_key(session_id, key) for key in keys),
                         ],
-                        [TOMBSTONE_MS, stamp, *(versions[key] for key in keys)],
+                        [TOMBSTONE_MS, epoch_now, *(versions[key] for key in keys)],
                     )
                 ],
             )
@@ -667,10 +661,10 @@ class MemoryCache:
             ttl_ms = min(ttl_ms, int((record.expires_at - clock.now()).total_seconds() * 1000))
             if ttl_ms <= 0:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
-        stamp = self.database_epoch()
+        epoch_now = self.database_epoch()
         try:
             keys = [*self._names(session_id, key), self.fence_key, self.epoch_key]
-            args = [version, self._encode(session_id, key, record), ttl_ms, lease, stamp]
+            args = [version, self._encode(session_id, key, record), ttl_ms, lease, epoch_now]
             stored = self._run(SET_SCRIPT if force else PUT_SCRIPT, [(keys, args)])[0]
         except Exception as exc:
             self._failed(exc)
@@ -728,10 +722,10 @@ class MemoryCache:
                 PendingInvalidation.objects.using(self.using).filter(id__in=ids).delete()
                 self.count("replayed", len(pending))
             return  # renew on a later read, after a fresh pending check
-        stamp = self.database_epoch()
+        epoch_now = self.database_epoch()
         try:
             expiry = redis_ms + int(self.fence_seconds * 1000)
-            self._run(RENEW_SCRIPT, [([self.fence_key, self.epoch_key], [stamp, expiry])])
+            self._run(RENEW_SCRIPT, [([self.fence_key, self.epoch_key], [epoch_now, expiry])])
         except Exception as exc:
             self._failed(exc)
             return
