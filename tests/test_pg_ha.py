@@ -12,6 +12,7 @@ too (backend ``pg-ha``)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +40,8 @@ pytestmark = [pytest.mark.pg_ha, pytest.mark.django_db(transaction=True)]
 
 #: Patroni's REST API of each node (scripts/pg-ha.sh: 8041, 8042).
 API_PORTS = (8041, 8042)
+#: Where scripts/pg-ha.sh keeps the cluster (its nodes' Patroni logs).
+PG_HA_DIR = os.environ.get("PG_HA_DIR", "/tmp/agentmemory-pg-ha")
 
 
 def patroni(path: str, body: dict | None = None, method: str | None = None) -> Any:
@@ -224,19 +228,67 @@ def synchronous_mode():
     """Patroni's synchronous_mode_strict for the test (the replica becomes the synchronous
     standby: every COMMIT waits for it, and Patroni never falls back to asynchronous replication
     when the standby stops answering), asynchronous again after it."""
-    patroni("/config", {"synchronous_mode": True, "synchronous_mode_strict": True}, method="PATCH")
+    set_synchronous_mode(True)
     wait_for(
-        lambda: [m["role"] for m in members()].count("sync_standby") == 1 and healthy(),
-        "a synchronous standby",
+        lambda: synchronous_everywhere() and leader_applied(synchronous_mode=True),
+        "a synchronous standby, in every node's view and the primary's",
     )
     yield
-    patroni(
-        "/config", {"synchronous_mode": False, "synchronous_mode_strict": False}, method="PATCH"
-    )
+    set_synchronous_mode(False)
     wait_for(
-        lambda: "sync_standby" not in [m["role"] for m in members()] and healthy(),
+        lambda: (
+            "sync_standby" not in [m["role"] for m in members()]
+            and healthy()
+            and leader_applied(synchronous_mode=False)
+        ),
         "asynchronous replication again",
     )
+
+
+def set_synchronous_mode(on: bool) -> None:
+    patroni("/config", {"synchronous_mode": on, "synchronous_mode_strict": on}, method="PATCH")
+
+
+def leader_applied(**dynamic: Any) -> bool:
+    """The leader's Patroni has reloaded its configuration with these dynamic settings: it
+    caches them in ``patroni.dynamic.json`` right after. The HA cycle that first sees a change
+    applies synchronous mode (``/sync``, ``synchronous_standby_names``) before that reload, and
+    the reload writes ``postgresql.conf`` without ``synchronous_standby_names`` until the next
+    cycle sets it again (Patroni 4.1): a COMMIT in that gap waits for nothing."""
+    cached = Path(PG_HA_DIR) / leader()["name"] / "data" / "patroni.dynamic.json"
+    settings = json.loads(cached.read_text())
+    return all(settings.get(name) == value for name, value in dynamic.items())
+
+
+def synchronous_everywhere() -> bool:
+    """Patroni's synchronous mode in force: each node's REST API (a replica's view of the DCS
+    may lag the leader's) names one synchronous standby, and the primary itself has it in
+    ``synchronous_standby_names`` and streaming as ``sync`` -- what makes a COMMIT wait."""
+    for port in API_PORTS:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/cluster", timeout=30) as answer:
+            roles = [m["role"] for m in json.loads(answer.read())["members"]]
+        if roles.count("sync_standby") != 1:
+            return False
+    return healthy() and primary_waits_for_a_standby()
+
+
+def primary_waits_for_a_standby() -> bool:
+    """The primary's ``synchronous_standby_names`` is set and a standby streams as ``sync``."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SHOW synchronous_standby_names")
+        (names,) = cursor.fetchone()
+        cursor.execute("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+        (synchronous,) = cursor.fetchone()
+    return bool(names) and synchronous == 1
+
+
+def patroni_log(lines: int = 30) -> str:
+    """The end of every node's Patroni log (what it decided about synchronous replication)."""
+    tails = []
+    for path in sorted(Path(PG_HA_DIR).glob("node*/patroni.log")):
+        text = path.read_text(errors="replace").splitlines()
+        tails.append(f"--- {path}\n" + "\n".join(text[-lines:]))
+    return "\n".join(tails)
 
 
 def test_an_asynchronous_standby_behind_the_url_is_warned_of():
@@ -278,9 +330,17 @@ def test_a_commit_whose_wait_for_the_synchronous_standby_was_cancelled_is_not_ac
             finally:
                 connections.close_all()
 
+        assert primary_waits_for_a_standby(), f"synchronous mode is off: {patroni_log()}"
         writer = threading.Thread(target=write)
         writer.start()
-        pid = wait_for(waiting_for_the_standby, "a COMMIT waiting for the standby")
+        pid = wait_for(
+            lambda: waiting_for_the_standby() or not writer.is_alive(),
+            "a COMMIT waiting for the standby",
+        )
+        assert pid is not True, (
+            f"the COMMIT did not wait for the standby ({outcome}; synchronous standby now: "
+            f"{primary_waits_for_a_standby()}): {patroni_log()}"
+        )
         with connections["default"].cursor() as cursor:
             cursor.execute("SELECT pg_cancel_backend(%s)", [pid])
         writer.join(60)
