@@ -45,6 +45,7 @@ SUITE_TOOLS = [
     "dj-database-url>=2.1",
     "selenium>=4.20",
     "langgraph>=0.6",
+    "openai-agents>=0.24",
     "mysqlclient>=2.2",
     "psycopg[binary]>=3.1",
 ]

@@ -15,7 +15,14 @@ from .errors import (
     VersionConflict,
     VersionPruned,
 )
-from .records import MemoryRecord, MemoryVersionRecord, ScoredMemory
+from .records import (
+    LogEventRecord,
+    LogItemRecord,
+    LogOp,
+    MemoryRecord,
+    MemoryVersionRecord,
+    ScoredMemory,
+)
 from .semantic import Index
 
 if TYPE_CHECKING:
@@ -26,6 +33,9 @@ __all__ = [
     "EmbeddingFailed",
     "Index",
     "InvalidMemory",
+    "LogEventRecord",
+    "LogItemRecord",
+    "LogOp",
     "MemoryRecord",
     "MemoryStore",
     "MemoryUnavailable",

@@ -7,6 +7,10 @@ any thread: here, on a pool of ``AGENTMEMORY["ASYNC_THREADS"]`` threads (default
 own database connections -- at most that many connections per database for every async caller of
 the process. Context variables are carried over (a copy of the caller's context runs the call).
 
+A cancelled task never leaves its call running: a call the pool has not started is dropped, and
+one that runs is finished before the cancellation reaches the caller -- so a write is done or not
+done by the time the caller learns it was cancelled, never later.
+
 A call inside the caller's ``transaction.atomic`` has no async form in Django either: the
 twins are for async code, which cannot hold a transaction across awaits.
 
@@ -62,7 +66,25 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     global _used
     _used = True
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(executor(), call)
+    started = executor().submit(call)
+    waiting = asyncio.wrap_future(started)
+    cancellation: asyncio.CancelledError | None = None
+    # A cancelled caller (a timeout, a client gone) must not leave a call running behind its
+    # back: a write that lands after the caller saw the cancellation is a write it believes
+    # never happened. A call the pool has not started is dropped (nothing done); one that runs
+    # is waited for -- through repeated cancellations -- and the cancellation raised after it.
+    while not waiting.done():
+        try:
+            await asyncio.wait({waiting})
+        except asyncio.CancelledError as exc:
+            cancellation = cancellation or exc
+            if started.cancel():
+                break
+    if cancellation is not None:
+        if waiting.done() and not waiting.cancelled():
+            waiting.exception()  # retrieved: the caller hears of the cancellation only
+        raise cancellation
+    return waiting.result()
 
 
 def used() -> bool:

@@ -1,4 +1,5 @@
-"""Two tables: the live row of each memory, and its append-only history.
+"""Two tables for memories: the live row of each memory, and its append-only history; three for
+logs: the head of each log, its items and its events.
 
 The live row stays after a forget or an expiry as a tombstone (``state`` says which): it carries the
 version counter and is what the row lock locks, so the history stays linear across forget, expiry
@@ -15,7 +16,7 @@ from django.utils import timezone
 
 from . import clock
 from .fields import ExactCharField
-from .records import Op
+from .records import LogOp, Op
 from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX, visible
 
 
@@ -143,3 +144,90 @@ class PendingInvalidation(models.Model):
     def record(cls, using: str, session_id: str, keys: Iterable[str]) -> None:
         """Record these keys of the session as pending (the one place that does)."""
         cls.objects.using(using).bulk_create([cls(session_id=session_id, key=key) for key in keys])
+
+
+# ---------------------------------------------------------------------- logs
+
+
+class Log(models.Model):
+    """The head of one log, ``(session_id, stream)``: one row, ever, as a memory's live row.
+
+    It is what a writer of the log locks, and it counts: the last sequence number given (items
+    are numbered 1, 2, 3, ... with no gap and no reuse), the live items, the events. A clear or an
+    expiry moves ``cleared_through`` up to ``last_seq`` instead of touching the items, so it costs
+    the same at any length, and readers skip what it hides by that bound."""
+
+    id = models.BigAutoField(primary_key=True)
+    session_id = ExactCharField(max_length=SESSION_ID_MAX)
+    stream = ExactCharField(max_length=KEY_MAX)
+    last_seq = models.PositiveBigIntegerField(default=0)
+    length = models.PositiveBigIntegerField(default=0)
+    cleared_through = models.PositiveBigIntegerField(default=0)
+    version = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session_id", "stream"], name="agentmemory_one_head_per_log"
+            ),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="agentmemory_log_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{visible(self.session_id)}/{visible(self.stream)} ({self.length} items)"
+
+
+class LogItem(models.Model):
+    """One item of a log. Never rewritten: a pop marks it (``removed_in``: the event that
+    popped it); a clear or an expiry hides it behind the head's ``cleared_through``."""
+
+    id = models.BigAutoField(primary_key=True)
+    log = models.ForeignKey(Log, on_delete=models.CASCADE, related_name="items")
+    seq = models.PositiveBigIntegerField()
+    value = models.JSONField(null=True)
+    created_at = models.DateTimeField()
+    removed_in = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["log", "seq"]
+        constraints = [
+            # Even an append that skipped the lock could not commit a second item of a number;
+            # it also serves every read of a log, by (log, seq) in either direction.
+            models.UniqueConstraint(fields=["log", "seq"], name="agentmemory_one_item_per_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq}"
+
+
+class LogEvent(models.Model):
+    """One mutation of a log -- an append (of one or many items), a pop, a clear, an expiry --
+    numbered 1, 2, 3, ... per log as a memory's versions are: the log's audit trail."""
+
+    id = models.BigAutoField(primary_key=True)
+    log = models.ForeignKey(Log, on_delete=models.CASCADE, related_name="events")
+    version = models.PositiveBigIntegerField()
+    op = models.CharField(max_length=8, choices=[(op.value, op.value) for op in LogOp])
+    # The items it concerns: appended, popped (one), or hidden by a clear or an expiry.
+    first_seq = models.PositiveBigIntegerField()
+    last_seq = models.PositiveBigIntegerField()
+    # How many live items it added or removed.
+    count = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField()
+    # As a memory version's: the caller's idempotency key or one generated for the call.
+    request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
+
+    class Meta:
+        ordering = ["log", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["log", "version"], name="agentmemory_one_log_event"),
+            models.UniqueConstraint(
+                fields=["log", "request_id"], name="agentmemory_one_log_event_per_request"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"e{self.version} {self.op} #{self.first_seq}-{self.last_seq}"

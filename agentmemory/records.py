@@ -17,6 +17,15 @@ class Op(StrEnum):
     REVERT = "revert"
 
 
+class LogOp(StrEnum):
+    """What an event of a log did: the one list of a log's operations."""
+
+    APPEND = "append"
+    POP = "pop"
+    CLEAR = "clear"
+    EXPIRE = "expire"
+
+
 #: The operations whose version holds a value (the others retire the memory).
 VALUE_OPS = frozenset({Op.WRITE, Op.REVERT})
 
@@ -51,3 +60,29 @@ class MemoryVersionRecord:
     value: Any
     created_at: datetime
     expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogItemRecord:
+    """One item of a log: ``seq`` is its number (1, 2, 3, ... with no gap and no reuse, so it
+    orders the log). ``value`` is a fresh copy decoded for this caller."""
+
+    session_id: str
+    stream: str
+    seq: int
+    value: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LogEventRecord:
+    """One event of a log's history: ``op`` did it to items ``first_seq``..``last_seq`` (an
+    append: those it added; a pop: the one it removed; a clear or an expiry: the range it hid),
+    changing the live items by ``count``."""
+
+    version: int
+    op: LogOp
+    first_seq: int
+    last_seq: int
+    count: int
+    created_at: datetime

@@ -7,8 +7,9 @@ runs no SQL and holds no transaction of its own; transient errors are retried by
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -19,9 +20,16 @@ from .cache import MemoryCache
 from .conf import get_config
 from .defects import Defect, Defects
 from .errors import InvalidMemory
+from .logs import LogPath
 from .models import Op
 from .reads import ReadPath
-from .records import MemoryRecord, MemoryVersionRecord, ScoredMemory
+from .records import (
+    LogEventRecord,
+    LogItemRecord,
+    MemoryRecord,
+    MemoryVersionRecord,
+    ScoredMemory,
+)
 from .retries import Retrier
 from .search import IndexFields, SearchEngine
 from .semantic import Index, check_filter, parse_path, settings_index
@@ -82,6 +90,7 @@ class MemoryStore:
             self.using, self.cache, self._retrier, row_lock=row_lock, defects=self.defects
         )
         self._reads = ReadPath(self.using, self.cache, self._retrier, defects=self.defects)
+        self._logs = LogPath(self.using, self._retrier, row_lock=row_lock)
         self._search: SearchEngine | None = (
             SearchEngine(self.using, self.index, self._reads, self._writes, defects=self.defects)
             if self.index is not None
@@ -249,7 +258,9 @@ class MemoryStore:
         return sum(self._writes.retire(session_id, key, Op.FORGET) for key in keys)
 
     def purge_expired(self, *, batch: int = 1000) -> int:
-        """Record an ``expire`` version for each memory past its TTL and retire its live row."""
+        """Record an ``expire`` version for each memory past its TTL and retire its live row,
+        and an ``expire`` event for each log past its TTL (its items hidden); returns how many
+        memories and logs with live items expired."""
         batch = validation.check_version("batch", batch, minimum=1, maximum=validation.BATCH_MAX)
         purged = 0
         while True:
@@ -257,6 +268,12 @@ class MemoryStore:
             for session_id, key in due:
                 purged += self._writes.retire(session_id, key, Op.EXPIRE)
             if len(due) < batch:
+                break
+        while True:
+            logs = self._logs.due(batch)
+            for session_id, stream in logs:
+                purged += self._logs.expire(session_id, stream)
+            if len(logs) < batch:
                 return purged
 
     def prune_history(
@@ -320,10 +337,119 @@ class MemoryStore:
         return self._search.reindex(batch, dry_run, progress, session_id)
 
     def erase_session(self, session_id: str) -> int:
-        """Delete every row and every version of the session, irreversibly: for data-erasure
-        requests and throw-away sessions (memcheck's). Returns the number of memories deleted."""
+        """Delete every row and every version of the session, and every log with its items and
+        events, irreversibly: for data-erasure requests and throw-away sessions (memcheck's).
+        Returns the number of memories and logs deleted."""
         session_id = validation.check_session_id(session_id)
-        return self._writes.erase(session_id)
+        return self._writes.erase(session_id) + self._logs.erase(session_id)
+
+    # ------------------------------------------------------------------ logs
+
+    def append(
+        self,
+        session_id: str,
+        stream: str,
+        items: Sequence[Any],
+        *,
+        ttl: float | timedelta | None = None,
+        idempotency_key: str | None = None,
+    ) -> list[LogItemRecord]:
+        """Append ``items`` (a list of JSON values) to the log ``(session_id, stream)``, all or
+        nothing, as the next numbers of its sequence (1, 2, 3, ... with no gap and no reuse);
+        returns them as stored. A repeated call with the same ``idempotency_key`` returns the
+        items the first call appended and appends nothing. Each append sets the log's expiry
+        anew (``ttl``; None: ``AGENTMEMORY["DEFAULT_TTL"]``): a log expires as a whole. An
+        empty list appends nothing and returns ``[]``."""
+        session_id, stream = self._check_log(session_id, stream)
+        values = validation.check_items(items)
+        ttl_ = self._check_ttl(ttl)
+        request = self._request(idempotency_key)
+        if not values:
+            return []
+        return self._logs.append(
+            session_id,
+            stream,
+            values,
+            ttl_,
+            request.get("request_id") or uuid.uuid4().hex,
+            request.get("caller_request_id", False),
+        )
+
+    def pop(
+        self, session_id: str, stream: str, *, idempotency_key: str | None = None
+    ) -> LogItemRecord | None:
+        """Remove the log's last live item and return it; None if the log is empty. Two pops
+        never return the same item, and each removes exactly what it returned; a repeated call
+        with the same ``idempotency_key`` returns what the first one popped."""
+        session_id, stream = self._check_log(session_id, stream)
+        request = self._request(idempotency_key)
+        return self._logs.pop(
+            session_id,
+            stream,
+            request.get("request_id") or uuid.uuid4().hex,
+            request.get("caller_request_id", False),
+        )
+
+    def clear_log(self, session_id: str, stream: str, *, idempotency_key: str | None = None) -> int:
+        """Remove every live item of the log (one ``clear`` event; the numbering goes on after
+        it); returns how many there were."""
+        session_id, stream = self._check_log(session_id, stream)
+        request = self._request(idempotency_key)
+        return self._logs.clear(
+            session_id,
+            stream,
+            request.get("request_id") or uuid.uuid4().hex,
+            request.get("caller_request_id", False),
+        )
+
+    def read_log(
+        self,
+        session_id: str,
+        stream: str,
+        *,
+        limit: int | None = None,
+        before: int | None = None,
+        after: int | None = None,
+    ) -> list[LogItemRecord]:
+        """The log's live items, oldest first: every one; with ``limit``, the latest ``limit``
+        (before item number ``before``, if given); with ``after``, the first ``limit`` after
+        item number ``after`` (every one after it without a limit). Keyset pages: a page
+        costs the same at any length."""
+        session_id, stream = self._check_log(session_id, stream)
+        if limit is not None:
+            limit = validation.check_version("limit", limit, minimum=0)
+        if before is not None:
+            before = validation.check_version("before", before, minimum=1)
+        if after is not None:
+            after = validation.check_version("after", after, minimum=0)
+        if limit == 0:
+            return []
+        return self._logs.read(session_id, stream, limit, before, after)
+
+    def log_length(self, session_id: str, stream: str) -> int:
+        """How many live items the log has (0 when it does not exist or has expired)."""
+        session_id, stream = self._check_log(session_id, stream)
+        return self._logs.length(session_id, stream)
+
+    def log_history(
+        self,
+        session_id: str,
+        stream: str,
+        *,
+        limit: int | None = None,
+        before_version: int | None = None,
+    ) -> list[LogEventRecord]:
+        """The log's events (appends, pops, clears, expiries), as :meth:`history` lists a
+        memory's versions: without ``limit``, every one oldest first; with it, a page newest
+        first, before ``before_version``."""
+        session_id, stream = self._check_log(session_id, stream)
+        if limit is not None:
+            limit = validation.check_version(
+                "limit", limit, minimum=1, maximum=validation.HISTORY_PAGE_MAX
+            )
+        if before_version is not None:
+            before_version = validation.check_version("before_version", before_version, minimum=1)
+        return self._logs.history(session_id, stream, limit, before_version)
 
     # ------------------------------------------------------------------ reads
 
@@ -491,6 +617,31 @@ class MemoryStore:
     async def aforget_session(self, session_id: str) -> int:
         return await aio.run(self.forget_session, session_id)
 
+    async def aappend(
+        self, session_id: str, stream: str, items: Sequence[Any], **kwargs: Any
+    ) -> list[LogItemRecord]:
+        return await aio.run(self.append, session_id, stream, items, **kwargs)
+
+    async def apop(self, session_id: str, stream: str, **kwargs: Any) -> LogItemRecord | None:
+        return await aio.run(self.pop, session_id, stream, **kwargs)
+
+    async def aclear_log(self, session_id: str, stream: str, **kwargs: Any) -> int:
+        return await aio.run(self.clear_log, session_id, stream, **kwargs)
+
+    async def aread_log(self, session_id: str, stream: str, **kwargs: Any) -> list[LogItemRecord]:
+        return await aio.run(self.read_log, session_id, stream, **kwargs)
+
+    async def alog_length(self, session_id: str, stream: str) -> int:
+        return await aio.run(self.log_length, session_id, stream)
+
+    async def alog_history(
+        self, session_id: str, stream: str, **kwargs: Any
+    ) -> list[LogEventRecord]:
+        return await aio.run(self.log_history, session_id, stream, **kwargs)
+
+    async def aerase_session(self, session_id: str) -> int:
+        return await aio.run(self.erase_session, session_id)
+
     # ------------------------------------------------------------------ semantic index
 
     def _check_index(self, index: Any) -> Any:
@@ -523,6 +674,9 @@ class MemoryStore:
 
     def _check_ids(self, session_id: Any, key: Any) -> tuple[str, str]:
         return validation.check_session_id(session_id), validation.check_key(key)
+
+    def _check_log(self, session_id: Any, stream: Any) -> tuple[str, str]:
+        return validation.check_session_id(session_id), validation.check_stream(stream)
 
     def _check_ttl(self, ttl: Any) -> timedelta | None:
         if Defect.TTL_ZERO_IS_FOREVER in self.defects and isinstance(ttl, int | float):

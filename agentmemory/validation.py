@@ -154,6 +154,28 @@ def check_key(key: Any) -> str:
     return _check_name("key", key, KEY_MAX)
 
 
+def check_stream(stream: Any) -> str:
+    """A log's name within its session: the rules of a key."""
+    return _check_name("stream", stream, KEY_MAX)
+
+
+def check_items(items: Any) -> list[Any]:
+    """A log append's items: a list (or tuple) of at most :data:`BATCH_MAX` values, each one
+    the rules of a memory's value (:func:`check_value`); decoded copies. The error names the
+    item by its index."""
+    if not isinstance(items, list | tuple):
+        raise InvalidMemory("items", f"must be a list of JSON values, got {type(items).__name__}")
+    if len(items) > BATCH_MAX:
+        raise InvalidMemory("items", f"holds {len(items)} items, over the limit of {BATCH_MAX}")
+    checked = []
+    for index, item in enumerate(items):
+        try:
+            checked.append(check_value(item))
+        except InvalidMemory as error:
+            raise InvalidMemory(f"items[{index}]", error.message) from None
+    return checked
+
+
 def check_prefix(prefix: Any) -> str:
     """A key prefix: the rules of a key, but it may be empty (every key)."""
     return _check_name("prefix", prefix, KEY_MAX, minimum=0)

@@ -113,14 +113,8 @@ class WritePath:
         """One write of a database at a time on a thread: a write started under another's row
         lock (from ``fn``) would run in its transaction, where nothing can be retried, and
         collide with its rows (the inner version is the outer's next one)."""
-        writing = _writing.__dict__.setdefault("aliases", set())
-        if self.using in writing:
-            raise ReentrantWrite(self.using)
-        writing.add(self.using)
-        try:
+        with one_write_at_a_time(self.using):
             yield
-        finally:
-            writing.discard(self.using)
 
     def erase(self, session_id: str) -> int:
         """Delete every row and version of the session (plain DELETE statements: nothing stored
@@ -519,6 +513,20 @@ class WritePath:
 _LOCKED: Any = object()
 #: The database aliases this thread is writing to now (``WritePath._only_write``).
 _writing = threading.local()
+
+
+@contextlib.contextmanager
+def one_write_at_a_time(using: str) -> Iterator[None]:
+    """Raise :class:`ReentrantWrite` if this thread is already writing to ``using`` (a write
+    from inside an ``update``'s ``fn``, of a memory or a log), before any statement."""
+    writing = _writing.__dict__.setdefault("aliases", set())
+    if using in writing:
+        raise ReentrantWrite(using)
+    writing.add(using)
+    try:
+        yield
+    finally:
+        writing.discard(using)
 
 
 def default_ttl() -> timedelta | None:

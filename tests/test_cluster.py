@@ -302,3 +302,32 @@ def test_memcheck_with_node_faults_loses_nothing(tmp_path):
     assert code == 0, explained(report, history)
     for node in NODES:
         wait_synced(node)
+
+
+# ---------------------------------------------------------------------- logs on every node
+
+
+def test_appenders_and_poppers_on_every_node_keep_a_log_exact():
+    """Semantics 14 across the nodes: appends from the three nodes' clients at once (the
+    cluster's certification conflicts are retried) give every item once, numbered 1..180, each
+    writer's in its order; pops from the three nodes never return one item twice."""
+
+    def writer(worker):
+        store = MemoryStore(using=NODES[worker % 3], cache=None)
+        return [store.append("g", "chat", [[worker, i]])[0].seq for i in range(30)]
+
+    acknowledged = run_threads(writer, 6)
+    assert sorted(s for mine in acknowledged for s in mine) == list(range(1, 181))
+    items = [i.value for i in MemoryStore(using="node3", cache=None).read_log("g", "chat")]
+    for worker in range(6):
+        assert [i for w, i in items if w == worker] == list(range(30))
+
+    def popper(worker):
+        store = MemoryStore(using=NODES[worker % 3], cache=None)
+        popped = []
+        while (item := store.pop("g", "chat")) is not None:
+            popped.append(tuple(item.value))
+        return popped
+
+    popped = [p for mine in run_threads(popper, 3) for p in mine]
+    assert sorted(popped) == sorted(map(tuple, items))

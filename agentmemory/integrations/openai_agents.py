@@ -1,0 +1,98 @@
+"""agentmemory as the OpenAI Agents SDK's ``Session`` (``pip install
+"django-agentmemory[openai-agents]"``)::
+
+    from agents import Agent, Runner
+    from agentmemory.integrations.openai_agents import AgentMemorySession
+
+    session = AgentMemorySession("user-42")
+    result = await Runner.run(agent, "Hello", session=session)
+
+A session is a log of the store (:meth:`MemoryStore.append <agentmemory.MemoryStore.append>`):
+the conversation's items numbered 1, 2, 3, ... in the order they were added. What the store
+guarantees, the session does, on every database it runs on: an ``add_items`` is all or nothing
+and lands exactly once (a retry after a lost acknowledgement adds nothing more); two concurrent
+``pop_item`` calls never return the same item (openai-agents-python #4988); items added in one
+millisecond keep their order (#1900: the order is the sequence number's, never a timestamp's);
+and a cancelled call is finished -- or never started -- by the time the cancellation reaches the
+caller (#1658): no item lands after the caller saw its ``add_items`` cancelled.
+
+The adapter is thin: it translates the SDK's calls to the store's and back; every guarantee lives
+in the store and is tested there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agents.memory.session import SessionABC
+from agents.memory.session_settings import SessionSettings, resolve_session_limit
+
+from .. import validation
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+
+    from ..store import MemoryStore
+
+#: The log of the session's ``session_id`` that holds its items.
+STREAM = "openai-agents"
+
+
+class AgentMemorySession(SessionABC):
+    """The SDK's ``Session`` protocol on an agentmemory log: ``get_items(limit)`` (the latest
+    ``limit`` items, oldest first; None: ``session_settings.limit``, then every item),
+    ``add_items``, ``pop_item``, ``clear_session``.
+
+    ``store``: the :class:`~agentmemory.MemoryStore` to keep it in (default: one on the
+    settings' database, without the Redis tier -- logs are read from the database);
+    ``stream``: the log's name within ``session_id`` (several agents may keep their own
+    conversations in one session)."""
+
+    session_settings: SessionSettings | None = None
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        store: MemoryStore | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        stream: str = STREAM,
+    ) -> None:
+        from ..store import MemoryStore
+
+        self.session_id = validation.check_session_id(session_id)
+        self.stream = validation.check_stream(stream)
+        self.store = store if store is not None else MemoryStore(cache=None)
+        self.session_settings = (
+            SessionSettings() if session_settings is None else _settings(session_settings)
+        )
+
+    def __repr__(self) -> str:
+        return f"<AgentMemorySession {self.session_id!r} stream={self.stream!r} {self.store!r}>"
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The conversation, oldest first: the latest ``limit`` items (0: none; negative or
+        None without a settings limit: all)."""
+        limit = resolve_session_limit(limit, self.session_settings)
+        if limit is not None and limit < 0:
+            limit = None  # SQLiteSession's (SQLite's) meaning of a negative LIMIT
+        items = await self.store.aread_log(self.session_id, self.stream, limit=limit)
+        return [item.value for item in items]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append ``items`` in their order, all or nothing."""
+        if items:
+            await self.store.aappend(self.session_id, self.stream, list(items))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove and return the most recent item (None: the session is empty)."""
+        popped = await self.store.apop(self.session_id, self.stream)
+        return None if popped is None else popped.value
+
+    async def clear_session(self) -> None:
+        """Remove every item (the log's numbering goes on: nothing is renumbered)."""
+        await self.store.aclear_log(self.session_id, self.stream)
+
+
+def _settings(given: SessionSettings | dict[str, Any]) -> SessionSettings:
+    return given if isinstance(given, SessionSettings) else SessionSettings(**given)

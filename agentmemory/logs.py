@@ -1,0 +1,367 @@
+"""Logs: per ``(session_id, stream)`` an append-only sequence of JSON items numbered 1, 2, 3, ...
+with no gap and no reuse -- a conversation's turns, an agent's events.
+
+A log is another kind of versioned row, on the machinery of memories: its head
+(:class:`~agentmemory.models.Log`) is what every mutation locks (insert-if-missing, then
+``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``), and every mutation is one event of the
+log's history, numbered as a memory's versions are, with a request id that a retry looks up --
+so an append, a pop or a clear whose acknowledgement was lost is never done twice. The same
+retry policy (:class:`~agentmemory.retries.Retrier`) runs each mutation as one transaction, and
+no two writes of a database run nested on one thread.
+
+What each costs does not depend on the log's length: an append inserts its items and one event
+and updates the head; a clear or an expiry moves the head's ``cleared_through`` bound; a pop
+marks one item; a read is one statement on the ``(log, seq)`` index (keyset pages).
+
+Reads are answered by the database alone, in one statement each (a consistent view of the head
+and the items together): the Redis tier does not serve logs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import F, Q
+
+from . import clock
+from .models import Log, LogEvent, LogItem
+from .records import LogEventRecord, LogItemRecord, LogOp
+from .retries import Retrier
+from .vendors import insert_if_missing
+from .writes import UNLOCKED_GAP_SECONDS, default_ttl, one_write_at_a_time
+
+
+class LogPath:
+    """Mutations and reads of the logs of one database alias, with its retries.
+
+    ``row_lock=False`` is the store's declared unsafe seam here too: a pop picks its item from
+    a read made *before* it takes the lock (then the gap an agent's own work would leave), and
+    an append numbers its items from such a read -- two pops can return the same item, and two
+    appends collide on a number (the ``(log, seq)`` constraint refuses the second). Events are
+    still counted under the lock, as a memory's versions are. For the
+    tests and memcheck that show those checks catch it; never for real data."""
+
+    def __init__(self, using: str, retrier: Retrier, *, row_lock: bool = True) -> None:
+        self.using = using
+        self.retrier = retrier
+        self.row_lock = row_lock
+
+    # ------------------------------------------------------------------ mutations
+
+    def append(
+        self,
+        session_id: str,
+        stream: str,
+        values: list[Any],
+        ttl: timedelta | None,
+        request_id: str,
+        caller_request_id: bool,
+    ) -> list[LogItemRecord]:
+        """Append ``values`` (validated, at least one) as the next items, all or nothing, and
+        set the log's expiry anew (``ttl``; None: the default TTL)."""
+        observed = None if self.row_lock else self._observe(session_id, stream)
+
+        def attempt(retry: bool) -> list[LogItemRecord]:
+            now = clock.now()
+            head = self._lock(session_id, stream, now, create=True)
+            assert head is not None
+            if retry or caller_request_id:
+                done = self._find_request(head, request_id)
+                if done is not None:
+                    return self._items(head, done.first_seq, done.last_seq)
+            self._expire_if_due(head, now)
+            if observed is not None:
+                head.last_seq = observed[0]
+            first = head.last_seq + 1
+            items = [
+                LogItem(log_id=head.id, seq=first + i, value=value, created_at=now)
+                for i, value in enumerate(values)
+            ]
+            LogItem.objects.using(self.using).bulk_create(items)
+            head.last_seq += len(values)
+            head.length += len(values)
+            lifetime = ttl if ttl is not None else default_ttl()
+            head.expires_at = None if lifetime is None else now + lifetime
+            self._record(head, LogOp.APPEND, first, head.last_seq, len(values), now, request_id)
+            return [
+                LogItemRecord(session_id, stream, item.seq, value, now)
+                for item, value in zip(items, values, strict=True)
+            ]
+
+        with one_write_at_a_time(self.using):
+            return self.retrier.atomic(attempt)
+
+    def pop(self, session_id: str, stream: str, request_id: str, caller_request_id: bool) -> Any:
+        """Remove the last live item and return it (None: the log is empty)."""
+        observed = None if self.row_lock else self._observe(session_id, stream)
+
+        def attempt(retry: bool) -> LogItemRecord | None:
+            now = clock.now()
+            head = self._lock(session_id, stream, now, create=False)
+            if head is None:
+                return None
+            if retry or caller_request_id:
+                done = self._find_request(head, request_id)
+                if done is not None:
+                    found = self._items(head, done.first_seq, done.last_seq)
+                    return found[0] if found and done.op == LogOp.POP else None
+            self._expire_if_due(head, now)
+            last = self._live(head).order_by("-seq").first()
+            if observed is not None:
+                last = observed[1]
+            if last is None:
+                return None
+            head.length -= 1
+            self._record(head, LogOp.POP, last.seq, last.seq, 1, now, request_id)
+            LogItem.objects.using(self.using).filter(id=last.id).update(removed_in=head.version)
+            return LogItemRecord(session_id, stream, last.seq, last.value, last.created_at)
+
+        with one_write_at_a_time(self.using):
+            return self.retrier.atomic(attempt)
+
+    def clear(self, session_id: str, stream: str, request_id: str, caller_request_id: bool) -> int:
+        """Hide every live item (one event); returns how many there were."""
+
+        def attempt(retry: bool) -> int:
+            now = clock.now()
+            head = self._lock(session_id, stream, now, create=False)
+            if head is None:
+                return 0
+            if retry or caller_request_id:
+                done = self._find_request(head, request_id)
+                if done is not None:
+                    return done.count
+            self._expire_if_due(head, now)
+            return self._hide(head, LogOp.CLEAR, now, request_id)
+
+        with one_write_at_a_time(self.using):
+            return self.retrier.atomic(attempt)
+
+    def expire(self, session_id: str, stream: str) -> bool:
+        """Record the expiry of the log if its TTL has passed (``purge_expired``); True if it
+        had live items."""
+
+        def attempt(_retry: bool) -> bool:
+            now = clock.now()
+            head = self._lock(session_id, stream, now, create=False)
+            return head is not None and self._expire_if_due(head, now)
+
+        with one_write_at_a_time(self.using):
+            return self.retrier.atomic(attempt)
+
+    def erase(self, session_id: str) -> int:
+        """Delete every log of the session with its items and events (plain DELETE statements,
+        as :meth:`WritePath.erase <agentmemory.writes.WritePath.erase>`); returns how many
+        logs."""
+
+        def attempt(_retry: bool) -> int:
+            connection = connections[self.using]
+            quote = connection.ops.quote_name
+            head = quote(Log._meta.db_table)
+            with connection.cursor() as cursor:
+                for model in (LogItem, LogEvent):
+                    cursor.execute(
+                        f"DELETE FROM {quote(model._meta.db_table)} WHERE log_id IN "
+                        f"(SELECT id FROM {head} WHERE session_id = %s)",
+                        [session_id],
+                    )
+                cursor.execute(f"DELETE FROM {head} WHERE session_id = %s", [session_id])
+                return cursor.rowcount
+
+        with one_write_at_a_time(self.using):
+            return self.retrier.atomic(attempt)
+
+    def due(self, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` logs whose TTL has passed: ``(session_id, stream)``."""
+        rows = Log.objects.using(self.using).filter(expires_at__lte=clock.now())
+        return list(rows.order_by("expires_at").values_list("session_id", "stream")[:limit])
+
+    # ------------------------------------------------------------------ reads
+
+    def read(
+        self,
+        session_id: str,
+        stream: str,
+        limit: int | None,
+        before: int | None,
+        after: int | None,
+    ) -> list[LogItemRecord]:
+        """The live items, oldest first: after ``after`` the first ``limit``, otherwise the
+        last ``limit`` (before ``before``); every one without a limit. One statement."""
+
+        def work() -> list[LogItemRecord]:
+            now = clock.now()
+            items = LogItem.objects.using(self.using).filter(
+                Q(log__expires_at__isnull=True) | Q(log__expires_at__gt=now),
+                log__session_id=session_id,
+                log__stream=stream,
+                seq__gt=F("log__cleared_through"),
+                removed_in__isnull=True,
+            )
+            if after is not None:
+                items = items.filter(seq__gt=after)
+            if before is not None:
+                items = items.filter(seq__lt=before)
+            newest_first = after is None and limit is not None
+            items = items.order_by("-seq" if newest_first else "seq")
+            rows = list(
+                (items if limit is None else items[:limit]).values_list(
+                    "seq", "value", "created_at"
+                )
+            )
+            if newest_first:
+                rows.reverse()
+            return [LogItemRecord(session_id, stream, *row) for row in rows]
+
+        return self.retrier.read(work)
+
+    def length(self, session_id: str, stream: str) -> int:
+        """How many live items the log has (0: no log, or expired)."""
+
+        def work() -> int:
+            found = (
+                Log.objects.using(self.using)
+                .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=clock.now()))
+                .filter(session_id=session_id, stream=stream)
+                .values_list("length", flat=True)
+                .first()
+            )
+            return found or 0
+
+        return self.retrier.read(work)
+
+    def history(
+        self, session_id: str, stream: str, limit: int | None, before_version: int | None
+    ) -> list[LogEventRecord]:
+        """The log's events: every one oldest first, or a page newest first (keyset by
+        ``before_version``)."""
+
+        def work() -> list[LogEventRecord]:
+            events = LogEvent.objects.using(self.using).filter(
+                log__session_id=session_id, log__stream=stream
+            )
+            if before_version is not None:
+                events = events.filter(version__lt=before_version)
+            if limit is not None:
+                events = events.order_by("-version")[:limit]
+            else:
+                events = events.order_by("version")
+            fields = ("version", "op", "first_seq", "last_seq", "count", "created_at")
+            return [
+                LogEventRecord(version, LogOp(op), first, last, count, at)
+                for version, op, first, last, count, at in events.values_list(*fields)
+            ]
+
+        return self.retrier.read(work)
+
+    # ------------------------------------------------------------------ under the lock
+
+    def _lock(self, session_id: str, stream: str, now: datetime, *, create: bool) -> Log | None:
+        """The log's head, locked (created empty first when ``create``: two writers racing to
+        create a log never make two heads, and neither sees an IntegrityError)."""
+        heads = Log.objects.using(self.using).select_for_update()
+        head = heads.filter(session_id=session_id, stream=stream).first()
+        if head is None and create:
+            values = {
+                "session_id": session_id,
+                "stream": stream,
+                "last_seq": 0,
+                "length": 0,
+                "cleared_through": 0,
+                "version": 0,
+                "created_at": now,
+                "updated_at": now,
+            }
+            insert_if_missing(connections[self.using], Log, values)
+            head = heads.filter(session_id=session_id, stream=stream).first()
+        return head
+
+    def _observe(self, session_id: str, stream: str) -> tuple[int, LogItem | None]:
+        """The unsafe seam's read: the log's last number and last live item as they are now,
+        without a lock, outside the transaction; then the gap before the write."""
+        head = Log.objects.using(self.using).filter(session_id=session_id, stream=stream).first()
+        found = (0, None) if head is None else (head.last_seq, self._live(head).last())
+        time.sleep(UNLOCKED_GAP_SECONDS)
+        return found
+
+    def _live(self, head: Log) -> Any:
+        return LogItem.objects.using(self.using).filter(
+            log_id=head.id, seq__gt=head.cleared_through, removed_in__isnull=True
+        )
+
+    def _expire_if_due(self, head: Log, now: datetime) -> bool:
+        """A passed TTL is an event too, recorded before anything else happens to the log:
+        the items it hid never come back. True if it hid live items."""
+        if head.expires_at is None or head.expires_at > now:
+            return False
+        had = head.length
+        head.expires_at = None
+        self._hide(head, LogOp.EXPIRE, now, uuid.uuid4().hex, always=True)
+        return had > 0
+
+    def _hide(
+        self, head: Log, op: LogOp, now: datetime, request_id: str, *, always: bool = False
+    ) -> int:
+        """Hide every item up to ``last_seq`` (a clear or an expiry): one event, if there was
+        anything to hide (``always``: an expiry is recorded even then)."""
+        hidden = head.length
+        if not hidden and not always:
+            return 0
+        first = head.cleared_through + 1
+        head.cleared_through = head.last_seq
+        head.length = 0
+        self._record(head, op, min(first, head.last_seq), head.last_seq, hidden, now, request_id)
+        return hidden
+
+    def _record(
+        self,
+        head: Log,
+        op: LogOp,
+        first_seq: int,
+        last_seq: int,
+        count: int,
+        now: datetime,
+        request_id: str,
+    ) -> None:
+        """Event ``head.version + 1``, and the head saved as the mutation left it."""
+        head.version += 1
+        head.updated_at = now
+        LogEvent.objects.using(self.using).create(
+            log_id=head.id,
+            version=head.version,
+            op=op,
+            first_seq=first_seq,
+            last_seq=last_seq,
+            count=count,
+            created_at=now,
+            request_id=request_id,
+        )
+        head.save(
+            using=self.using,
+            update_fields=[
+                "last_seq",
+                "length",
+                "cleared_through",
+                "version",
+                "updated_at",
+                "expires_at",
+            ],
+        )
+
+    def _find_request(self, head: Log, request_id: str) -> LogEvent | None:
+        """The event an earlier attempt or call with the same request id committed, if any."""
+        return (
+            LogEvent.objects.using(self.using).filter(log_id=head.id, request_id=request_id).first()
+        )
+
+    def _items(self, head: Log, first: int, last: int) -> list[LogItemRecord]:
+        """Items ``first``..``last`` as they were appended (popped or hidden since, or not)."""
+        items = LogItem.objects.using(self.using).filter(
+            log_id=head.id, seq__gte=first, seq__lte=last
+        )
+        rows = items.order_by("seq").values_list("seq", "value", "created_at")
+        return [LogItemRecord(head.session_id, head.stream, *row) for row in rows]
