@@ -46,6 +46,7 @@ SUITE_TOOLS = [
     "selenium>=4.20",
     "langgraph>=0.6",
     "openai-agents>=0.24",
+    "google-adk>=2.13",
     "mysqlclient>=2.2",
     "psycopg[binary]>=3.1",
 ]

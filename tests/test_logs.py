@@ -15,11 +15,29 @@ from agentmemory import InvalidMemory, LogOp, MemoryStore, ReentrantWrite, clock
 from agentmemory.defects import lose_commit_answer
 from agentmemory.models import Log, LogEvent, LogItem
 
-from .conftest import run_threads
+from .conftest import redis_alias, run_threads
 from .helpers import inject_errors, run_processes
 from .test_retries import conflict_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    """Logs are read from the database whatever the tier (the Redis tier serves memories only):
+    one store per test; test_the_redis_tier_changes_nothing_of_a_log runs with the tier."""
+    return MemoryStore(cache=None)
+
+
+def test_the_redis_tier_changes_nothing_of_a_log():
+    store = MemoryStore(cache=redis_alias())
+    store.remember("s", "k", 1)
+    store.append("s", "chat", ["a", "b"])
+    assert store.pop("s", "chat").value == "b"
+    assert [i.value for i in store.read_log("s", "chat")] == ["a"]
+    assert store.log_length("s", "chat") == 1
+    assert store.erase_session("s") == 2
+    assert store.recall("s", "k") is None and store.read_log("s", "chat") == []
 
 
 def values(items):

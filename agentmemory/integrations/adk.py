@@ -1,0 +1,335 @@
+"""agentmemory as Google ADK's ``SessionService`` (``pip install "django-agentmemory[adk]"``)::
+
+    from google.adk.runners import Runner
+    from agentmemory.integrations.adk import AgentMemorySessionService
+
+    runner = Runner(agent=agent, app_name="assistant", session_service=AgentMemorySessionService())
+
+Where ADK's session lives in the store, all of it written in one transaction per call:
+
+- the session's *head*: a memory of the app's listing session (``adk:<app>``), keyed by
+  ``[user_id, session_id]``, holding its last update time; its version is the session's
+  revision, which a :class:`~google.adk.sessions.Session` carries from ``get_session`` to
+  ``append_event``;
+- the session's events: a log of the store, in the order they were appended;
+- its state: one memory per key -- session-scoped ones in the session's own store session, the
+  ``app:`` and ``user:`` ones in the app's and the user's (``temp:`` ones are never stored).
+
+So ``append_event`` is a compare-and-set of the head's version: a writer whose session object is
+older than the stored session gets ADK's own ``StaleSessionError`` and nothing is written -- never
+an append acknowledged onto a stale view, which is how a read-modify-write of session state is
+lost (google/adk-python #4751). The same event appended again (a retry after a timeout) is stored
+once: every write of the call carries the event's id as its idempotency key. Two
+``create_session`` calls with one id make one session; the other gets ``AlreadyExistsError``
+(#4954). ``list_sessions`` is ordered by last update, oldest first, then by id (#6272).
+
+The adapter is thin: it translates ADK's calls to the store's; every guarantee beneath it lives in
+the store and is tested there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+
+from .. import aio
+from ..errors import InvalidMemory, VersionConflict
+from ..retries import Retrier
+from ..validation import IDEMPOTENCY_KEY_MAX, KEY_MAX
+
+#: The log of a session's events.
+EVENTS = "adk-events"
+
+
+class AgentMemorySessionService(BaseSessionService):
+    """ADK's ``BaseSessionService`` on a :class:`~agentmemory.MemoryStore` (default: one on the
+    settings' database and cache tier)."""
+
+    def __init__(self, store: Any = None) -> None:
+        from ..store import MemoryStore
+
+        self.store = store if store is not None else MemoryStore()
+        self._retrier = Retrier(self.store.using)
+
+    def __repr__(self) -> str:
+        return f"<AgentMemorySessionService {self.store!r}>"
+
+    # ------------------------------------------------------------------ the service
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        session_id = (session_id or "").strip() or str(uuid.uuid4())
+        return await aio.run(self._create, app_name, user_id, session_id, dict(state or {}))
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        return await aio.run(self._get, app_name, user_id, session_id, config)
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        return await aio.run(self._list, app_name, user_id)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        await aio.run(self._delete, app_name, user_id, session_id)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        return await aio.run(self._state, _user(app_name, user_id))
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        # As ADK's own services: temp: state reaches the in-memory session only.
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        revision = await aio.run(self._append, session, event)
+        session._storage_update_marker = str(revision)
+        session.last_update_time = event.timestamp
+        if any(held.id == event.id for held in session.events):
+            return event  # appended again after it was stored: stored (and held) once
+        return self._commit_event_to_session(session, event)
+
+    # ------------------------------------------------------------------ on the pool thread
+
+    def _create(self, app_name: str, user_id: str, session_id: str, state: dict) -> Session:
+        listing, key = _listing(app_name), _head_key(user_id, session_id)
+        scoped = _split(state)
+        now = time.time()
+        request = "c:" + uuid.uuid4().hex  # one per call: a retry of this call finds its writes
+
+        def attempt(_retry: bool) -> int:
+            try:
+                head = self.store.remember(
+                    listing, key, {"update_time": now}, expected_version=0, idempotency_key=request
+                )
+            except VersionConflict:
+                raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
+            self._write_state(app_name, user_id, session_id, scoped, request)
+            return head.version
+
+        revision = self._retrier.atomic(attempt)
+        session = Session(
+            id=session_id,
+            app_name=app_name,
+            user_id=user_id,
+            state=self._merged(app_name, user_id, session_id),
+            last_update_time=now,
+        )
+        session._storage_update_marker = str(revision)
+        return session
+
+    def _get(
+        self, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None
+    ) -> Session | None:
+        head = self.store.recall(_listing(app_name), _head_key(user_id, session_id))
+        if head is None:
+            return None
+        # The head first: the state and events read after it are at least as new, so a stale
+        # revision is the worst this object can carry -- and append_event refuses it.
+        state = self._merged(app_name, user_id, session_id)
+        events = self._events(app_name, user_id, session_id, config)
+        session = Session(
+            id=session_id,
+            app_name=app_name,
+            user_id=user_id,
+            state=state,
+            events=events,
+            last_update_time=head.value["update_time"],
+        )
+        session._storage_update_marker = str(head.version)
+        return session
+
+    def _list(self, app_name: str, user_id: str | None) -> ListSessionsResponse:
+        prefix = None if user_id is None else json.dumps([user_id], ensure_ascii=False)[:-1] + ", "
+        heads = self.store.recall_many(_listing(app_name), prefix=prefix)
+        sessions = []
+        for key, head in heads.items():
+            owner, session_id = json.loads(key)
+            sessions.append(
+                Session(
+                    id=session_id,
+                    app_name=app_name,
+                    user_id=owner,
+                    last_update_time=head.value["update_time"],
+                )
+            )
+        sessions.sort(key=lambda s: (s.last_update_time, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    def _delete(self, app_name: str, user_id: str, session_id: str) -> None:
+        def attempt(_retry: bool) -> None:
+            self.store.forget(_listing(app_name), _head_key(user_id, session_id))
+            self.store.erase_session(_session(app_name, user_id, session_id))
+
+        self._retrier.atomic(attempt)
+
+    def _append(self, session: Session, event: Event) -> int:
+        app_name, user_id, session_id = session.app_name, session.user_id, session.id
+        listing, key = _listing(app_name), _head_key(user_id, session_id)
+        request = _request("e:", event.id)
+        scoped = _split(event.actions.state_delta if event.actions else {})
+        document = event.model_dump(exclude_none=True, mode="json")
+        marker = session._storage_update_marker
+
+        def attempt(_retry: bool) -> int:
+            if marker is None:  # a Session this service did not load: its update time
+                head = self.store.recall(listing, key)
+                if head is None:
+                    raise SessionNotFoundError(f"Session {session_id} not found.")
+                if head.value["update_time"] > session.last_update_time:
+                    raise StaleSessionError(_STALE)
+                expected = head.version
+            else:
+                expected = int(marker)
+            try:
+                head = self.store.remember(
+                    listing,
+                    key,
+                    {"update_time": event.timestamp},
+                    expected_version=expected,
+                    idempotency_key=request,
+                )
+            except VersionConflict as conflict:
+                if conflict.actual == 0:
+                    raise SessionNotFoundError(f"Session {session_id} not found.") from None
+                raise StaleSessionError(_STALE) from None
+            self._write_state(app_name, user_id, session_id, scoped, request)
+            self.store.append(
+                _session(app_name, user_id, session_id), EVENTS, [document], idempotency_key=request
+            )
+            return head.version
+
+        return self._retrier.atomic(attempt)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _write_state(
+        self, app_name: str, user_id: str, session_id: str, scoped: dict, request: str
+    ) -> None:
+        """Each key of each scope as a memory of its own (one version per change, the call's
+        idempotency key on each: a retried call writes none of them again)."""
+        owners = {
+            "app": _app(app_name),
+            "user": _user(app_name, user_id),
+            "session": _session(app_name, user_id, session_id),
+        }
+        for scope, values in scoped.items():
+            for name, value in values.items():
+                self.store.remember(owners[scope], name, value, idempotency_key=request)
+
+    def _state(self, owner: str) -> dict[str, Any]:
+        return {key: record.value for key, record in self.store.recall_many(owner).items()}
+
+    def _merged(self, app_name: str, user_id: str, session_id: str) -> dict[str, Any]:
+        """The session's state as ADK shows it: its own keys, then ``app:`` and ``user:``."""
+        merged = self._state(_session(app_name, user_id, session_id))
+        for key, value in self._state(_app(app_name)).items():
+            merged[State.APP_PREFIX + key] = value
+        for key, value in self._state(_user(app_name, user_id)).items():
+            merged[State.USER_PREFIX + key] = value
+        return merged
+
+    def _events(
+        self, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None
+    ) -> list[Event]:
+        recent = None if config is None else config.num_recent_events
+        after = None if config is None else config.after_timestamp
+        if recent == 0:
+            return []
+        owner = _session(app_name, user_id, session_id)
+        limit = recent if after is None else None
+        items = self.store.read_log(owner, EVENTS, limit=limit)
+        events = [Event.model_validate(item.value) for item in items]
+        if after is not None:
+            events = [e for e in events if e.timestamp >= after]
+            if recent is not None:
+                events = events[-recent:]
+        return events
+
+
+_STALE = (
+    "The session has been modified in storage since it was loaded: reload it with get_session "
+    "and append again (agentmemory refused the append; nothing was written)."
+)
+
+
+def _digest(*parts: str) -> str:
+    """A fixed-length name for ids of any length (store session ids are at most 128)."""
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:40]
+
+
+def _listing(app_name: str) -> str:
+    return "adk:" + _digest(app_name)
+
+
+def _app(app_name: str) -> str:
+    return "adk:app:" + _digest(app_name)
+
+
+def _user(app_name: str, user_id: str) -> str:
+    return "adk:user:" + _digest(app_name, user_id)
+
+
+def _session(app_name: str, user_id: str, session_id: str) -> str:
+    return "adk:session:" + _digest(app_name, user_id, session_id)
+
+
+def _head_key(user_id: str, session_id: str) -> str:
+    key = json.dumps([user_id, session_id], ensure_ascii=False)
+    if len(key) > KEY_MAX:
+        raise InvalidMemory(
+            "session_id",
+            f"user_id and session_id take {len(key)} characters as the session's key, over the "
+            f"limit of {KEY_MAX}",
+        )
+    return key
+
+
+def _request(prefix: str, identity: str) -> str:
+    """An idempotency key from an ADK id (hashed if it would be too long)."""
+    key = prefix + identity
+    return key if len(key) <= IDEMPOTENCY_KEY_MAX else prefix + _digest(identity)
+
+
+def _split(delta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A state delta by scope, prefixes removed; ``temp:`` keys dropped. Values that are not
+    JSON become their string form, as ADK's own database services store them."""
+    scoped: dict[str, dict[str, Any]] = {"app": {}, "user": {}, "session": {}}
+    for key, value in delta.items():
+        if key.startswith(State.TEMP_PREFIX):
+            continue
+        safe = json.loads(json.dumps(value, default=str))
+        if key.startswith(State.APP_PREFIX):
+            scoped["app"][key.removeprefix(State.APP_PREFIX)] = safe
+        elif key.startswith(State.USER_PREFIX):
+            scoped["user"][key.removeprefix(State.USER_PREFIX)] = safe
+        else:
+            scoped["session"][key] = safe
+    return scoped

@@ -1,0 +1,346 @@
+"""agentmemory.integrations.adk: Google ADK's SessionService on the store -- run by ADK's own Runner
+(a scripted model, no network), ADK's session cases, and the concurrency its own database service
+got wrong (google/adk-python #4751 lost state under concurrent appends, #4954 create races,
+#6272 unordered listings)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+from django.db import connections
+from google.adk.agents import LlmAgent
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.events.event import Event
+from google.adk.events.event_actions import EventActions
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions.base_session_service import GetSessionConfig
+from google.genai import types
+
+from agentmemory import MemoryStore
+from agentmemory.integrations import adk
+
+from .conftest import redis_alias, run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache_tier():
+    """The services of these tests use the Redis tier: it starts each test empty, as the test
+    database does (a tier never sees the tables emptied under it between tests)."""
+    redis_alias()
+
+
+def AgentMemorySessionService() -> adk.AgentMemorySessionService:
+    """A service on the store with the Redis tier (the suite's own database)."""
+    return adk.AgentMemorySessionService(MemoryStore(cache="agentmemory"))
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+class ScriptedLlm(BaseLlm):
+    """Answers each turn with the next reply and records the conversation it was given."""
+
+    replies: list[str] = []
+    seen: list[list[str]] = []
+
+    async def generate_content_async(self, llm_request, stream: bool = False) -> AsyncGenerator:
+        self.seen.append(
+            [part.text for content in llm_request.contents for part in content.parts if part.text]
+        )
+        text = self.replies.pop(0)
+        yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=text)]))
+
+
+def said(text: str) -> types.Content:
+    return types.Content(role="user", parts=[types.Part(text=text)])
+
+
+def event(text: str = "hi", delta: dict[str, Any] | None = None, **fields: Any) -> Event:
+    return Event(
+        author="user",
+        invocation_id="inv",
+        content=said(text),
+        actions=EventActions(state_delta=delta or {}),
+        **fields,
+    )
+
+
+# ---------------------------------------------------------------------- ADK's Runner
+
+
+# --8<-- [start:runner]
+def test_a_multi_turn_run_of_adk_keeps_the_conversation_and_the_state():
+    model = ScriptedLlm(model="scripted", replies=["Hello Ada.", "Your name is Ada."], seen=[])
+    agent = LlmAgent(name="assistant", model=model, instruction="Be brief.", output_key="last")
+    service = AgentMemorySessionService()
+    runner = Runner(agent=agent, app_name="app", session_service=service)
+
+    async def two_turns() -> list[str]:
+        await service.create_session(app_name="app", user_id="ada", session_id="s1")
+        answers = []
+        for text in ("My name is Ada.", "What is my name?"):
+            async for produced in runner.run_async(
+                user_id="ada", session_id="s1", new_message=said(text)
+            ):
+                if produced.is_final_response():
+                    answers.append(produced.content.parts[0].text)
+        return answers
+
+    assert run(two_turns()) == ["Hello Ada.", "Your name is Ada."]
+    assert model.seen[1] == ["My name is Ada.", "Hello Ada.", "What is my name?"]
+    stored = run(service.get_session(app_name="app", user_id="ada", session_id="s1"))
+    assert [e.author for e in stored.events] == ["user", "assistant", "user", "assistant"]
+    assert stored.state["last"] == "Your name is Ada."  # output_key, from the state delta
+
+
+# --8<-- [end:runner]
+
+
+# ---------------------------------------------------------------------- ADK's session cases
+
+
+def test_create_get_list_and_delete():
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        created = await service.create_session(app_name="app", user_id="u", state={"k": 1})
+        assert created.id and created.state == {"k": 1}
+        got = await service.get_session(app_name="app", user_id="u", session_id=created.id)
+        assert got.state == {"k": 1} and got.events == []
+        assert await service.get_session(app_name="app", user_id="u", session_id="none") is None
+        assert (
+            await service.get_session(app_name="app", user_id="other", session_id=created.id)
+            is None
+        )
+        await service.delete_session(app_name="app", user_id="u", session_id=created.id)
+        assert await service.get_session(app_name="app", user_id="u", session_id=created.id) is None
+        assert (await service.list_sessions(app_name="app", user_id="u")).sessions == []
+
+    run(scenario())
+
+
+def test_state_prefixes_as_adk_defines_them():
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        s1 = await service.create_session(app_name="app", user_id="u", session_id="s1")
+        await service.append_event(
+            s1,
+            event(delta={"app:theme": "dark", "user:lang": "en", "temp:scratch": 1, "n": 1}),
+        )
+        assert s1.state["temp:scratch"] == 1  # in the live object for this invocation
+        s2 = await service.create_session(app_name="app", user_id="u", session_id="s2")
+        other = await service.create_session(app_name="app", user_id="v", session_id="s3")
+        assert s2.state == {"app:theme": "dark", "user:lang": "en"}  # app and user carry over
+        assert other.state == {"app:theme": "dark"}  # user state is the user's
+        again = await service.get_session(app_name="app", user_id="u", session_id="s1")
+        assert again.state == {"app:theme": "dark", "user:lang": "en", "n": 1}  # no temp:
+        assert "temp:scratch" not in again.events[0].actions.state_delta
+        assert await service.get_user_state(app_name="app", user_id="u") == {"lang": "en"}
+
+    run(scenario())
+
+
+def test_get_session_config_filters_events():
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        for i in range(5):
+            await service.append_event(session, event(str(i), timestamp=1000.0 + i))
+
+        async def texts(config: GetSessionConfig) -> list[str]:
+            got = await service.get_session(
+                app_name="app", user_id="u", session_id="s", config=config
+            )
+            return [e.content.parts[0].text for e in got.events]
+
+        assert await texts(GetSessionConfig(num_recent_events=2)) == ["3", "4"]
+        assert await texts(GetSessionConfig(num_recent_events=0)) == []
+        assert await texts(GetSessionConfig(after_timestamp=1002.0)) == ["2", "3", "4"]
+        both = GetSessionConfig(after_timestamp=1001.0, num_recent_events=2)
+        assert await texts(both) == ["3", "4"]
+
+    run(scenario())
+
+
+def test_list_sessions_is_ordered_by_last_update_then_id():
+    """google/adk-python #6272: list_sessions had no ORDER BY."""
+    service = AgentMemorySessionService()
+
+    async def scenario() -> list[tuple[str, str]]:
+        for name in ("b", "a", "c"):
+            await service.create_session(app_name="app", user_id="u", session_id=name)
+        a = await service.get_session(app_name="app", user_id="u", session_id="a")
+        await service.append_event(a, event())  # "a" is now the most recent
+        await service.create_session(app_name="app", user_id="w", session_id="d")
+        mine = await service.list_sessions(app_name="app", user_id="u")
+        everyone = await service.list_sessions(app_name="app")
+        assert [s.id for s in mine.sessions][-1] == "a"
+        assert sorted(s.id for s in everyone.sessions) == ["a", "b", "c", "d"]
+        return [(s.user_id, s.id) for s in mine.sessions]
+
+    listed = run(scenario())
+    assert [i for _, i in listed][:2] in (["b", "c"], ["c", "b"]) and {u for u, _ in listed} == {
+        "u"
+    }
+
+
+def test_a_user_id_that_looks_like_a_prefix_of_another_is_apart():
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        await service.create_session(app_name="app", user_id='u"', session_id="x")
+        await service.create_session(app_name="app", user_id="u", session_id="y")
+        assert [
+            s.id for s in (await service.list_sessions(app_name="app", user_id="u")).sessions
+        ] == ["y"]
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------- stale writers, retries
+
+
+def test_a_stale_writer_gets_adks_error_and_nothing_is_appended():
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        await service.create_session(app_name="app", user_id="u", session_id="s", state={"n": 0})
+        mine = await service.get_session(app_name="app", user_id="u", session_id="s")
+        theirs = await service.get_session(app_name="app", user_id="u", session_id="s")
+        await service.append_event(theirs, event("theirs", {"n": theirs.state["n"] + 1}))
+        with pytest.raises(StaleSessionError):
+            await service.append_event(mine, event("mine", {"n": mine.state["n"] + 1}))
+        now = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert [e.content.parts[0].text for e in now.events] == ["theirs"]
+        assert now.state["n"] == 1
+
+    run(scenario())
+
+
+def test_the_same_event_appended_again_is_stored_once():
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        once = event("once", {"k": "v"})
+        await service.append_event(session, once)
+        await service.append_event(session, once)  # the caller's retry after a timeout
+        stale = await service.get_session(app_name="app", user_id="u", session_id="s")
+        stale._storage_update_marker = "1"  # the object as it was before the first append
+        await service.append_event(stale, once)
+        stored = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert [e.id for e in stored.events] == [once.id]
+        assert [e.id for e in session.events] == [once.id]
+
+    run(scenario())
+
+
+def test_an_append_to_a_deleted_session_is_refused():
+    from google.adk.errors.session_not_found_error import SessionNotFoundError
+
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        await service.delete_session(app_name="app", user_id="u", session_id="s")
+        with pytest.raises((SessionNotFoundError, StaleSessionError)):
+            await service.append_event(session, event())
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------- concurrency
+
+
+def test_concurrent_create_session_with_one_id_makes_one_session():
+    """google/adk-python #4954: SELECT-then-INSERT raised UniqueViolation under concurrency."""
+
+    def create(worker: int) -> str:
+        service = AgentMemorySessionService()
+        try:
+            run(
+                service.create_session(
+                    app_name="app", user_id="u", session_id="one", state={"by": worker}
+                )
+            )
+            return "created"
+        except AlreadyExistsError:
+            return "exists"
+        finally:
+            connections.close_all()
+
+    outcomes = run_threads(create, 6)
+    assert sorted(outcomes) == ["created"] + ["exists"] * 5
+    service = AgentMemorySessionService()
+    assert len(run(service.list_sessions(app_name="app", user_id="u")).sessions) == 1
+
+
+def increment_concurrently(make_store: Any, workers: int = 2, each: int = 20) -> tuple[int, list]:
+    """Each worker reads the session, increments a counter in its state and appends that event;
+    a stale one reloads and tries again. Returns the final count and the acknowledged events."""
+    run(
+        adk.AgentMemorySessionService(make_store()).create_session(
+            app_name="app", user_id="u", session_id="s", state={"count": 0}
+        )
+    )
+
+    def worker(number: int) -> list[str]:
+        service = adk.AgentMemorySessionService(make_store())
+
+        async def increments() -> list[str]:
+            acknowledged = []
+            for i in range(each):
+                while True:
+                    session = await service.get_session(app_name="app", user_id="u", session_id="s")
+                    appended = event(f"{number}:{i}", {"count": session.state["count"] + 1})
+                    try:
+                        await service.append_event(session, appended)
+                    except StaleSessionError:
+                        continue
+                    acknowledged.append(appended.id)
+                    break
+            return acknowledged
+
+        try:
+            return run(increments())
+        finally:
+            connections.close_all()
+
+    acknowledged = [e for mine in run_threads(worker, workers) for e in mine]
+    final = run(
+        adk.AgentMemorySessionService(make_store()).get_session(
+            app_name="app", user_id="u", session_id="s"
+        )
+    )
+    assert sorted(e.id for e in final.events) == sorted(acknowledged)
+    return final.state["count"], acknowledged
+
+
+def test_two_services_appending_to_one_session_lose_no_state():
+    """google/adk-python #4751 (and the issue's measure: DatabaseSessionService on SQLite lost
+    8-12 of 40 acknowledged state deltas with two workers): every acknowledged increment is in
+    the count, every acknowledged event stored once."""
+    count, acknowledged = increment_concurrently(lambda: MemoryStore(cache="agentmemory"))
+    assert count == len(acknowledged) == 40
+
+
+@pytest.mark.server
+def test_without_the_row_lock_acknowledged_increments_are_lost():
+    """The same through the store's unsafe seam (its compare-and-set checks a read made before
+    the lock): the check above can fail. On a server only: on SQLite the service's transaction
+    begins with BEGIN IMMEDIATE, which serializes even the seam's unlocked read."""
+    count, acknowledged = increment_concurrently(
+        lambda: MemoryStore(cache=None, row_lock=False), workers=3
+    )
+    assert count < len(acknowledged) == 60, "without the row lock some increments must be lost"
