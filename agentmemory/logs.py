@@ -196,7 +196,7 @@ class LogPath:
         def work() -> list[LogItemRecord]:
             now = clock.now()
             items = LogItem.objects.using(self.using).filter(
-                Q(log__expires_at__isnull=True) | Q(log__expires_at__gt=now),
+                _unexpired(now, "log__"),
                 log__session_id=session_id,
                 log__stream=stream,
                 seq__gt=F("log__cleared_through"),
@@ -225,7 +225,7 @@ class LogPath:
         def work() -> int:
             found = (
                 Log.objects.using(self.using)
-                .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=clock.now()))
+                .filter(_unexpired(clock.now()))
                 .filter(session_id=session_id, stream=stream)
                 .values_list("length", flat=True)
                 .first()
@@ -296,7 +296,7 @@ class LogPath:
     def _expire_if_due(self, head: Log, now: datetime) -> bool:
         """A passed TTL is an event too, recorded before anything else happens to the log:
         the items it hid never come back. True if it hid live items."""
-        if head.expires_at is None or head.expires_at > now:
+        if head.expires_at is None or head.expires_at > now:  # _unexpired, on the row at hand
             return False
         had = head.length
         head.expires_at = None
@@ -365,3 +365,9 @@ class LogPath:
         )
         rows = items.order_by("seq").values_list("seq", "value", "created_at")
         return [LogItemRecord(head.session_id, head.stream, *row) for row in rows]
+
+
+def _unexpired(now: datetime, via: str = "") -> Q:
+    """The one rule of a live log, as a filter: no TTL, or one that has not passed at ``now``
+    (``via``: the path to the head from the model queried, ``"log__"`` from its items)."""
+    return Q(**{f"{via}expires_at__isnull": True}) | Q(**{f"{via}expires_at__gt": now})

@@ -363,17 +363,10 @@ class MemoryStore:
         session_id, stream = self._check_log(session_id, stream)
         values = validation.check_items(items)
         ttl_ = self._check_ttl(ttl)
-        request = self._request(idempotency_key)
+        request = self._log_request(idempotency_key)
         if not values:
             return []
-        return self._logs.append(
-            session_id,
-            stream,
-            values,
-            ttl_,
-            request.get("request_id") or uuid.uuid4().hex,
-            request.get("caller_request_id", False),
-        )
+        return self._logs.append(session_id, stream, values, ttl_, *request)
 
     def pop(
         self, session_id: str, stream: str, *, idempotency_key: str | None = None
@@ -382,25 +375,13 @@ class MemoryStore:
         never return the same item, and each removes exactly what it returned; a repeated call
         with the same ``idempotency_key`` returns what the first one popped."""
         session_id, stream = self._check_log(session_id, stream)
-        request = self._request(idempotency_key)
-        return self._logs.pop(
-            session_id,
-            stream,
-            request.get("request_id") or uuid.uuid4().hex,
-            request.get("caller_request_id", False),
-        )
+        return self._logs.pop(session_id, stream, *self._log_request(idempotency_key))
 
     def clear_log(self, session_id: str, stream: str, *, idempotency_key: str | None = None) -> int:
         """Remove every live item of the log (one ``clear`` event; the numbering goes on after
         it); returns how many there were."""
         session_id, stream = self._check_log(session_id, stream)
-        request = self._request(idempotency_key)
-        return self._logs.clear(
-            session_id,
-            stream,
-            request.get("request_id") or uuid.uuid4().hex,
-            request.get("caller_request_id", False),
-        )
+        return self._logs.clear(session_id, stream, *self._log_request(idempotency_key))
 
     def read_log(
         self,
@@ -677,6 +658,12 @@ class MemoryStore:
 
     def _check_log(self, session_id: Any, stream: Any) -> tuple[str, str]:
         return validation.check_session_id(session_id), validation.check_stream(stream)
+
+    def _log_request(self, idempotency_key: str | None) -> tuple[str, bool]:
+        """A log mutation's request id and whether the caller gave it: the caller's key as
+        :meth:`_request` makes it (checked, with its defect seam), or a new one."""
+        request = self._request(idempotency_key)
+        return request.get("request_id", uuid.uuid4().hex), bool(request)
 
     def _check_ttl(self, ttl: Any) -> timedelta | None:
         if Defect.TTL_ZERO_IS_FOREVER in self.defects and isinstance(ttl, int | float):
