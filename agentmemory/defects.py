@@ -42,6 +42,10 @@ class Defect(StrEnum):
     STALE_VECTOR = "stale-vector"
     SEARCH_IGNORES_EXPIRY = "search-ignores-expiry"
     FRACTURED_READ = "fractured-read"
+    UNLOCKED_POP = "unlocked-log-pop"
+    SKIPPED_ITEM_NUMBER = "skipped-log-number"
+    NON_ATOMIC_APPEND = "non-atomic-log-append"
+    READ_SHOWS_POPPED = "read-log-shows-popped"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -66,6 +70,10 @@ DESCRIPTIONS = {
     Defect.SEARCH_IGNORES_EXPIRY: "search lists memories whose TTL has passed (state only)",
     Defect.FRACTURED_READ: "recall_many reads its keys from Redis one at a time and only the "
     "misses from the database, each a moment apart",
+    Defect.UNLOCKED_POP: "a log pop picks the last item from a read made before it takes the lock",
+    Defect.SKIPPED_ITEM_NUMBER: "the third item of a log is numbered 4",
+    Defect.NON_ATOMIC_APPEND: "an append of several items commits them one at a time",
+    Defect.READ_SHOWS_POPPED: "read_log does not leave out the items that were popped",
 }
 
 #: Defects that live in the Redis tier: without one, there is nothing to break.
@@ -77,6 +85,16 @@ CACHE_DEFECTS = frozenset(
         Defect.ERASE_LEAVES_CACHE,
         Defect.TRANSACTION_READS_CACHE,
         Defect.FRACTURED_READ,
+    }
+)
+
+#: Defects of the logs: only the log workload can show them.
+LOG_DEFECTS = frozenset(
+    {
+        Defect.UNLOCKED_POP,
+        Defect.SKIPPED_ITEM_NUMBER,
+        Defect.NON_ATOMIC_APPEND,
+        Defect.READ_SHOWS_POPPED,
     }
 )
 
@@ -127,15 +145,17 @@ def _fires(failpoint: str) -> bool:
 
 
 def fail_after_first_key() -> AbstractContextManager[None]:
-    """Inside this block, this thread's next multi-key write fails after writing its first key:
-    nothing of it may remain (``remember_many`` is all or nothing)."""
+    """Inside this block, this thread's next multi-key write fails after writing its first key
+    (or an append of several log items after its first item): nothing of it may remain
+    (``remember_many`` and ``append`` are all or nothing)."""
     return _arming("first_key")
 
 
 def failpoint_after_first_key() -> None:
-    """Called by the write path after the first key of a multi-key write."""
+    """Called by the write path after the first key of a multi-key write (the first item of an
+    append of several)."""
     if _fires("first_key"):
-        raise InjectedFailure("remember_many failed after its first key (an injected failure)")
+        raise InjectedFailure("a write failed after its first key or item (an injected failure)")
 
 
 def fail_session_setup() -> AbstractContextManager[None]:

@@ -28,6 +28,8 @@ from django.db import connections
 from django.db.models import F, Q
 
 from . import clock
+from .defects import NONE as NO_DEFECTS
+from .defects import Defect, Defects, failpoint_after_first_key
 from .models import Log, LogEvent, LogItem
 from .records import LogEventRecord, LogItemRecord, LogOp
 from .retries import Retrier
@@ -43,12 +45,21 @@ class LogPath:
     an append numbers its items from such a read -- two pops can return the same item, and two
     appends collide on a number (the ``(log, seq)`` constraint refuses the second). Events are
     still counted under the lock, as a memory's versions are. For the
-    tests and memcheck that show those checks catch it; never for real data."""
+    tests and memcheck that show those checks catch it; never for real data. ``defects``: the
+    planted bugs of :mod:`agentmemory.defects` that live here (memcheck's self-test only)."""
 
-    def __init__(self, using: str, retrier: Retrier, *, row_lock: bool = True) -> None:
+    def __init__(
+        self,
+        using: str,
+        retrier: Retrier,
+        *,
+        row_lock: bool = True,
+        defects: Defects = NO_DEFECTS,
+    ) -> None:
         self.using = using
         self.retrier = retrier
         self.row_lock = row_lock
+        self.defects = defects
 
     # ------------------------------------------------------------------ mutations
 
@@ -63,6 +74,11 @@ class LogPath:
     ) -> list[LogItemRecord]:
         """Append ``values`` (validated, at least one) as the next items, all or nothing, and
         set the log's expiry anew (``ttl``; None: the default TTL)."""
+        if len(values) > 1 and Defect.NON_ATOMIC_APPEND in self.defects:
+            first = self.append(session_id, stream, values[:1], ttl, request_id, caller_request_id)
+            failpoint_after_first_key()
+            rest = self.append(session_id, stream, values[1:], ttl, uuid.uuid4().hex, False)
+            return first + rest
         observed = None if self.row_lock else self._observe(session_id, stream)
 
         def attempt(retry: bool) -> list[LogItemRecord]:
@@ -77,16 +93,21 @@ class LogPath:
             if observed is not None:
                 head.last_seq = observed[0]
             first = head.last_seq + 1
+            numbers = [first + i for i in range(len(values))]
+            if Defect.SKIPPED_ITEM_NUMBER in self.defects:
+                numbers = [n + 1 if n >= 3 and head.last_seq < 3 else n for n in numbers]
             items = [
-                LogItem(log_id=head.id, seq=first + i, value=value, created_at=now)
-                for i, value in enumerate(values)
+                LogItem(log_id=head.id, seq=seq, value=value, created_at=now)
+                for seq, value in zip(numbers, values, strict=True)
             ]
             LogItem.objects.using(self.using).bulk_create(items)
-            head.last_seq += len(values)
+            if len(items) > 1:
+                failpoint_after_first_key()  # the items are written: all must go with them
+            head.last_seq = numbers[-1]
             head.length += len(values)
             lifetime = ttl if ttl is not None else default_ttl()
             head.expires_at = None if lifetime is None else now + lifetime
-            self._record(head, LogOp.APPEND, first, head.last_seq, len(values), now, request_id)
+            self._record(head, LogOp.APPEND, numbers[0], numbers[-1], len(values), now, request_id)
             return [
                 LogItemRecord(session_id, stream, item.seq, value, now)
                 for item, value in zip(items, values, strict=True)
@@ -97,7 +118,8 @@ class LogPath:
 
     def pop(self, session_id: str, stream: str, request_id: str, caller_request_id: bool) -> Any:
         """Remove the last live item and return it (None: the log is empty)."""
-        observed = None if self.row_lock else self._observe(session_id, stream)
+        unlocked = not self.row_lock or Defect.UNLOCKED_POP in self.defects
+        observed = self._observe(session_id, stream) if unlocked else None
 
         def attempt(retry: bool) -> LogItemRecord | None:
             now = clock.now()
@@ -200,8 +222,9 @@ class LogPath:
                 log__session_id=session_id,
                 log__stream=stream,
                 seq__gt=F("log__cleared_through"),
-                removed_in__isnull=True,
             )
+            if Defect.READ_SHOWS_POPPED not in self.defects:
+                items = items.filter(removed_in__isnull=True)
             if after is not None:
                 items = items.filter(seq__gt=after)
             if before is not None:

@@ -90,7 +90,7 @@ class MemoryStore:
             self.using, self.cache, self._retrier, row_lock=row_lock, defects=self.defects
         )
         self._reads = ReadPath(self.using, self.cache, self._retrier, defects=self.defects)
-        self._logs = LogPath(self.using, self._retrier, row_lock=row_lock)
+        self._logs = LogPath(self.using, self._retrier, row_lock=row_lock, defects=self.defects)
         self._search: SearchEngine | None = (
             SearchEngine(self.using, self.index, self._reads, self._writes, defects=self.defects)
             if self.index is not None

@@ -316,6 +316,11 @@ def test_every_check_has_a_planted_case_here_or_a_database_test():
         "all-or-nothing",
         "fractured-read",
         "lost-by-database",  # needs a failover: its own tests below
+        # the log checks: tests/test_log_checker.py
+        "log-append",
+        "log-sequence",
+        "log-pop",
+        "log-read",
     }
     assert set(CHECKS) == set(CASES) | elsewhere
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..records import VALUE_OPS
 from . import semantic
-from .history import IN_TRANSACTION, History, Operation, token_of
+from .history import IN_TRANSACTION, LOG_KINDS, History, Operation, token_of
 from .state import CachedEntry, StoredKey, StoredVersion
 
 #: Every check, in report order, with what it proves.
@@ -45,6 +45,13 @@ CHECKS = {
     "erased-read": "after erase_session, no read returns a memory of the erased session",
     "bad-input": "every call with bad input raises InvalidMemory and changes nothing",
     "caller-error": "no error other than VersionConflict/MemoryUnavailable reaches a caller",
+    "log-append": "every acknowledged append is stored once, at the numbers it was given, in its "
+    "order; a failed one not at all; every stored item was appended by a call that did not fail",
+    "log-sequence": "a log's items and events are numbered 1, 2, 3, ... with no gap or reuse, "
+    "and its head counts them",
+    "log-pop": "no log item is popped twice, and a pop removes exactly the item it returned",
+    "log-read": "a log read returns items in order, as stored, none removed before it began, every "
+    "one acknowledged before it began and not removed before it ended, never going back",
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
     "lost-by-database": "no acknowledged write is lost by the database itself (a failover to an "
     "asynchronous standby): such losses are reported apart, naming the failover, and the other "
@@ -191,7 +198,7 @@ def _span(numbers: list[int]) -> str:
     return f"{numbers[:6]} ... {numbers[-6:]} ({len(numbers)} versions)"
 
 
-def _brief(op: Operation) -> dict[str, Any]:
+def brief(op: Operation) -> dict[str, Any]:
     return {
         "id": op.id,
         "client": op.client,
@@ -214,7 +221,7 @@ def check_history(
     the database failovers injected during the run (each with ``crashed_at``, ``promoted_at``
     and ``timelines``), whose losses are the database's own (:func:`database_losses`)."""
     anomalies, history = database_losses(history, state, list(failovers))
-    keyed = history.by_key()
+    keyed = {pair: ops for pair, ops in history.by_key().items() if ops[0].kind not in LOG_KINDS}
     for (session_id, key), stored in sorted(state.items()):
         anomalies += audit_key(session_id, key, stored)
         anomalies += _check_key(session_id, key, keyed.get((session_id, key), []), stored)
@@ -271,7 +278,7 @@ def database_losses(
                 f"{failover.crashed_at - (op.completed_at or 0):.3f}s later and the standby "
                 f"promoted (timeline {int(old, 16)} -> {int(new, 16)}) had not received it -- "
                 "asynchronous replication",
-                [_brief(op)],
+                [brief(op)],
             )
         )
         lost.add(op.id)
@@ -348,7 +355,7 @@ def _check_fractured_reads(
                         f"{read.key},{pair[1]}",
                         f"recall_many {call_id} returned {read.key!r} v{read.version} of write "
                         f"{token} but {pair[1]!r} {seen}, older than that write's v{version}",
-                        [_brief(read), _brief(other)],
+                        [brief(read), brief(other)],
                     )
                 )
     return anomalies
@@ -394,7 +401,7 @@ def _check_all_or_nothing(
                     ",".join(op.key for op in ops),
                     f"remember_many {op_id} ({ops[0].status}: {ops[0].error}) is stored on "
                     f"{landed} only",
-                    [_brief(op) for op in ops],
+                    [brief(op) for op in ops],
                 )
             )
     return anomalies
@@ -404,7 +411,7 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
     found: list[Anomaly] = []
 
     def report(check: str, message: str, *involved: Operation) -> None:
-        found.append(Anomaly(check, session_id, key, message, [_brief(op) for op in involved]))
+        found.append(Anomaly(check, session_id, key, message, [brief(op) for op in involved]))
 
     by_version = {v.version: v for v in stored.versions}
     writers: dict[str, Operation] = {}
@@ -678,6 +685,7 @@ __all__ = [
     "Anomaly",
     "StoredKey",
     "audit_key",
+    "brief",
     "cache_divergence",
     "cache_orphans",
     "check_history",

@@ -6,9 +6,9 @@ remote server:
 * ``db-kill``: kill one of the workload's database connections server-side (``KILL CONNECTION`` on
   MySQL/MariaDB/TiDB, ``pg_terminate_backend`` on PostgreSQL), whatever it is doing -- usually in
   the middle of a transaction. Not on SQLite, which has no server.
-* ``db-lock``: hold the row locks of one session's hot keys (``SELECT ... FOR UPDATE``) longer than
-  the workers' lock wait (memcheck lowers it to one second on its own connections): writers time
-  out (1205, 55P03) and must retry. On SQLite it holds the database's write lock
+* ``db-lock``: hold the row locks of one session's hot keys and log heads (``SELECT ... FOR
+  UPDATE``) longer than the workers' lock wait (memcheck lowers it to one second on its own
+  connections): writers time out (1205, 55P03) and must retry. On SQLite it holds the database's write lock
   (``BEGIN IMMEDIATE``) for as long: writers queue behind it within their busy timeout (a shorter
   busy timeout makes SQLite's unfair busy handler starve writers for seconds).
 Cache faults never touch the Redis the project is configured with: for them memcheck starts a
@@ -68,7 +68,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 from django.db.models import F
 
-from ..models import Memory
+from ..models import Log, Memory
 from ..records import VALUE_OPS
 from ..vendors import (
     Transient,
@@ -307,12 +307,14 @@ class Nemesis:
                 connection.cursor().execute("UPDATE agentmemory_memory SET id = id WHERE 0")
             else:
                 hot = self._rng.choice(self.sessions)
-                rows = list(
-                    Memory.objects.using(self.database)
+                rows = [
+                    row
+                    for model in (Memory, Log)
+                    for row in model.objects.using(self.database)
                     .select_for_update()
                     .filter(session_id=hot)
                     .values_list("id", flat=True)
-                )
+                ]
                 if not rows:
                     return False
             self._stop.wait(LOCK_HOLD_SECONDS)

@@ -16,6 +16,8 @@ WRITE_KINDS = frozenset(
     {"remember", "cas", "append", "ttl-write", "retry", "many", "txn-write", "update"}
 )
 READ_KINDS = frozenset({"recall"})
+#: The log workload's kinds (:mod:`agentmemory.consistency.logs`): judged by the log checks only.
+LOG_KINDS = frozenset({"log-append", "log-retry", "log-pop", "log-clear", "log-read"})
 #: The error of a call whose caller's own transaction met a transient error (the store cannot
 #: retry inside it): expected -- a conflict rolled it back (fail), a lost connection left its
 #: outcome unknown (info).
@@ -27,7 +29,9 @@ class Operation:
     id: str
     client: str
     # remember | cas | append | ttl-write | retry | many | txn-write | update | recall | forget |
-    # erase | bad-input (a recall_many or a search is recorded as one recall per key)
+    # erase | bad-input (a recall_many or a search is recorded as one recall per key) | one of
+    # LOG_KINDS (key: the stream; value: the items appended; result: the numbers an append was
+    # given, a pop's [seq, token], a clear's count, a read's [[seq, token], ...])
     kind: str
     session_id: str
     key: str

@@ -37,6 +37,7 @@ from .faults import (
     fault_kinds,
 )
 from .history import History, Operation
+from .logs import check_logs, load_logs
 from .nodes import client_timeouts
 from .redis_servers import SentinelGroup
 from .state import cached_entries, duplicate_keys, load_state
@@ -392,6 +393,7 @@ def _run(
         state = load_state(database, sessions)
         anomalies = duplicate_rows(duplicate_keys(database, sessions))
         anomalies += check_history(history, state, failovers)
+        anomalies += check_logs(history.operations, load_logs(database, sessions), failovers)
         anomalies += cache_divergence(cached_entries(store.cache, state), state)
     finally:
         if not keep:

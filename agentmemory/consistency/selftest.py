@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
-from ..defects import CACHE_DEFECTS, DESCRIPTIONS, Defect
+from ..defects import CACHE_DEFECTS, DESCRIPTIONS, LOG_DEFECTS, Defect
 from .checker import DATABASE_OWN
 from .runner import RunResult, make_store, run_memcheck
 from .workloads import WorkloadConfig
@@ -75,6 +75,8 @@ def not_applicable(
     """Why ``defect`` cannot show on this configuration ('' when it can)."""
     if defect in (Defect.STALE_VECTOR, Defect.SEARCH_IGNORES_EXPIRY) and "search" not in workloads:
         return "the search workload does not run (numpy is not installed, or --workloads)"
+    if defect in LOG_DEFECTS and "log" not in workloads:
+        return "the log workload does not run (--workloads)"
     if defect in CACHE_DEFECTS and cache is None:
         return "no cache tier (AGENTMEMORY['CACHE'] is not set)"
     if defect is Defect.NOT_RETRIED:

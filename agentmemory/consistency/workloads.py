@@ -1,6 +1,6 @@
 """Concurrent workloads that record a :class:`History` while they hammer a few hot keys.
 
-Ten workloads, all on by default (``WorkloadConfig.workloads``):
+Eleven workloads, all on by default (``WorkloadConfig.workloads``):
 
 - ``register``: keys ``reg-N`` -- remember, compare-and-set, forget, recall;
 - ``list``: keys ``list-N`` -- appends through ``update(fn)``; every read reveals the whole order;
@@ -19,7 +19,9 @@ Ten workloads, all on by default (``WorkloadConfig.workloads``):
   forgotten while other clients search them by meaning (``search`` with a limit that takes every
   key): each result is recorded as a read of its key with the score it got, which the checker
   recomputes from the value returned (memcheck's own deterministic embedder, never the project's
-  model).
+  model);
+- ``log``: streams ``log-N`` -- appends (single, batches failed midway by an injected failure,
+  retried with their idempotency key), pops, clears and reads (:mod:`.logs`).
 
 Every value written embeds its op id, session and key, so every read maps to one write; a
 ``recall_many`` is recorded as one read per key.
@@ -49,7 +51,7 @@ from ..defects import InjectedFailure, fail_after_first_key
 from ..errors import InvalidMemory, MemoryUnavailable, VersionConflict
 from ..store import MemoryStore
 from ..vendors import Transient, classify
-from . import semantic
+from . import logs, semantic
 from .faults import WORKER_THREAD_PREFIX
 from .history import IN_TRANSACTION, History, Operation
 
@@ -65,9 +67,10 @@ WORKLOADS = (
     "erase",
     "bad-input",
     "search",
+    "log",
 )
 #: All of them -- but ``search`` only where numpy (which scores vectors) is installed.
-DEFAULT_WORKLOADS = WORKLOADS if semantic.available() else WORKLOADS[:-1]
+DEFAULT_WORKLOADS = tuple(w for w in WORKLOADS if w != "search" or semantic.available())
 #: Key families and their share of the operations.
 FAMILIES = {
     "register": ("reg", 5),
@@ -75,6 +78,7 @@ FAMILIES = {
     "ttl": ("ttl", 2),
     "many": ("many", 2),
     "search": ("search", 2),
+    "log": ("log", 3),
 }
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
@@ -202,6 +206,8 @@ def _client(
             ops = _ops(store, rng, op_id, name, session_id, family, key, config, run_id)
             out.extend(ops)
             for op in ops:
+                if peer is not None and op.kind in logs.MUTATIONS and op.status == "ok":
+                    out.append(_log_op(peer, rng, f"{op.id}-next", name, op.session_id, op.key))
                 if peer is not None and op.is_write and op.status == "ok":
                     out.extend(
                         _ops(
@@ -242,6 +248,8 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
         return rng.choices(kinds, weights=weights)[0]
     if family == "many":
         return "many-read" if roll < 0.35 else "prefix-read" if roll < 0.5 else "many"
+    if family == "log":
+        return logs.choose_kind(rng)
     if family == "search":
         return (
             "search"
@@ -278,6 +286,8 @@ def _ops(
 ) -> list[Operation]:
     """Run one operation and return what it recorded (a multi-key call: one op per key)."""
     kind = kind or _choose_kind(rng, family, config)
+    if kind in logs.KINDS:
+        return [_log_op(store, rng, op_id, client, session_id, key, kind)]
     if kind == "many":
         return _many(store, rng, op_id, client, session_id, config)
     if kind in ("many-read", "prefix-read"):
@@ -291,6 +301,23 @@ def _ops(
     if kind == "bad-input":
         return [_bad_input(store, rng, op_id, client, session_id, key)]
     return [_one_op(store, op_id, client, session_id, key, config, kind, rng)]
+
+
+def _log_op(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    stream: str,
+    kind: str | None = None,
+) -> Operation:
+    """A call of the log workload; without ``kind``, a read of every item (a read on the next
+    node after a write, a final read)."""
+    op = Operation(
+        op_id, client, kind or "log-read", session_id, stream, invoked_at=0.0, node=store.using
+    )
+    return logs.run_op(store, rng, op, _call, whole=kind is None)
 
 
 def _one_op(
@@ -375,7 +402,14 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         result = call()
     except VersionConflict as exc:
         op.status, op.error, op.version = "fail", "VersionConflict", exc.actual
-    except (InvalidMemory, IdempotencyBroken, OwnWriteMissed, RolledBack, InjectedFailure) as exc:
+    except (
+        InvalidMemory,
+        IdempotencyBroken,
+        OwnWriteMissed,
+        RolledBack,
+        InjectedFailure,
+        logs.RetryAnsweredDifferently,
+    ) as exc:
         op.status, op.error = "fail", f"{type(exc).__name__}: {exc}"
     except ErasedRead as exc:
         op.status, op.error = "fail", f"ErasedRead: {exc}"
@@ -395,7 +429,15 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         op.status, op.error = "info", f"{type(exc).__name__}: {exc}"
     else:
         op.status = "ok"
-        if op.kind in ("forget", "erase", "many", "many-read", "prefix-read", "search"):
+        if op.kind in (
+            "forget",
+            "erase",
+            "many",
+            "many-read",
+            "prefix-read",
+            "search",
+            *logs.KINDS,
+        ):
             op.result = result  # the caller unpacks it
         elif op.kind == "bad-input":
             op.error = f"accepted: {op.value['bad']}"  # the checker reports it
@@ -693,7 +735,12 @@ def final_reads(
                 for family in families:
                     for key in config.keys_of(family):
                         op_id = f"final{round_}-{store.using}-{index}-{key}"
-                        op = _one_op(store, op_id, "final", session_id, key, config, "recall", rng)
+                        if family == "log":
+                            op = _log_op(store, rng, op_id, "final", session_id, key)
+                        else:
+                            op = _one_op(
+                                store, op_id, "final", session_id, key, config, "recall", rng
+                            )
                         history.extend([op])
     if "search" in config.workloads:
         # Once every TTL written has passed (the workload wrote nothing after this point): a
