@@ -26,6 +26,8 @@ lost is ``lost-by-database``, and what ran before the promotion is judged by ord
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 from collections import defaultdict
 from collections.abc import Iterable
@@ -352,6 +354,7 @@ def _check_pops(s: _Stream) -> None:
 
 def _check_reads(s: _Stream) -> None:
     last_read: dict[str, Operation] = {}
+    due = _Due(s)
     for op in s.ops:
         if op.kind != "log-read" or op.status != "ok":
             continue
@@ -366,7 +369,7 @@ def _check_reads(s: _Stream) -> None:
         for seq, token in items:
             stored_token = s.stored.items.get(seq, (None, None))[0]
             writer = s.appender.get(token or "")
-            removed, remover = s.remover(seq)
+            _removed, remover = s.remover(seq)
             if stored_token != token:
                 s.report(
                     "log-read", f"read returned #{seq} = {token}, #{seq} holds {stored_token}", op
@@ -396,20 +399,12 @@ def _check_reads(s: _Stream) -> None:
                 )
         window = op.expected_version
         floor = seqs[0] if window is not None and len(seqs) >= window else 0
-        missing = []
-        for seq, (token, _removed_in) in sorted(s.stored.items.items()):
-            if seq <= floor or seq in seqs:
-                continue
-            writer = s.appender.get(token or "")
-            if (
-                writer is None
-                or writer.status != "ok"
-                or (writer.completed_at or end) >= op.invoked_at
-            ):
-                continue
-            removed, remover = s.remover(seq)
-            if not removed or (remover is not None and remover.invoked_at > end):
-                missing.append(seq)
+        returned = set(seqs)
+        missing = sorted(
+            seq
+            for seq, gone_at in due.until(op.invoked_at).items()
+            if gone_at > end and seq > floor and seq not in returned
+        )
         if missing:
             s.report(
                 "log-read",
@@ -433,6 +428,39 @@ def _check_reads(s: _Stream) -> None:
                     op,
                 )
         last_read[op.client] = op
+
+
+class _Due:
+    """The items a read must return, swept in the order reads begin: those whose append was
+    acknowledged before the read began, each with the time its removal was invoked (inf: never
+    removed; -inf: removed by no call of the history, an expiry) -- an item removed by a call
+    invoked before one read began can be due to no later read, so the set stays near the live
+    items and the check near-linear."""
+
+    def __init__(self, s: _Stream) -> None:
+        self._acked = sorted(
+            (writer.completed_at or 0.0, seq)
+            for seq, (token, _removed) in s.stored.items.items()
+            if (writer := s.appender.get(token or "")) is not None and writer.status == "ok"
+        )
+        self._next = 0
+        self._stream = s
+        self._active: dict[int, float] = {}
+        self._by_removal: list[tuple[float, int]] = []
+
+    def until(self, began: float) -> dict[int, float]:
+        """The items acknowledged before ``began`` and not removed by a call invoked before it,
+        each with when its removal was invoked."""
+        while self._next < len(self._acked) and self._acked[self._next][0] < began:
+            seq = self._acked[self._next][1]
+            removed, remover = self._stream.remover(seq)
+            gone_at = math.inf if not removed else (remover.invoked_at if remover else -math.inf)
+            self._active[seq] = gone_at
+            heapq.heappush(self._by_removal, (gone_at, seq))
+            self._next += 1
+        while self._by_removal and self._by_removal[0][0] < began:
+            self._active.pop(heapq.heappop(self._by_removal)[1], None)
+        return self._active
 
 
 def _kept_through(s: _Stream, seq: int, end: float) -> bool:
