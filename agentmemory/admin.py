@@ -1,6 +1,8 @@
 """Django admin for memories: inspect what an agent remembers and how it changed, and repair it --
 always through the store's one write path, so every change is a new version, compare-and-set
-against what the operator saw, logged (``LogEntry``) and reflected in the Redis tier.
+against what the operator saw, logged (``LogEntry``) and reflected in the Redis tier. And for
+logs: a log's items and events, read-only, a page at a time (keyset pages: the same cost at any
+length).
 
 Safe on big tables: the changelist never counts the whole table (an estimate from the server's
 statistics, or a count capped at :data:`COUNT_CAP` when filtered), reads a preview of each value
@@ -33,7 +35,7 @@ from django.utils.safestring import SafeString
 from . import clock
 from .conf import get_config
 from .errors import InvalidMemory, VersionConflict
-from .models import Memory, MemoryState, MemoryVersion, is_live
+from .models import Log, LogEvent, LogItem, Memory, MemoryState, MemoryVersion, is_live
 from .records import VALUE_OPS
 from .store import MemoryStore
 from .validation import MAX_DEPTH
@@ -106,14 +108,15 @@ def _estimated_rows(queryset: QuerySet) -> int | None:
 SEARCH_SPLITS_MAX = 8
 
 
-def search_condition(connection: Any, term: str) -> Q:
+def search_condition(connection: Any, term: str, key: str = "key") -> Q:
     """The changelist search: ``"exact id"`` in double quotes is that session id exactly,
     spaces, slashes and all; ``abc*`` the sessions whose id starts with ``abc``; otherwise the
     session whose id is the term, or -- for each ``/`` in it -- session ``left`` with its keys
     starting with ``right`` (``user/42/notes`` finds session ``user/42``'s ``notes...`` and
     session ``user``'s ``42/notes...``). Exact and prefix matches only: each is an index range
     on every backend, and exact whatever the collation (SQLite's LIKE ignores ASCII case, and a
-    bulk action on the result would then reach other sessions)."""
+    bulk action on the result would then reach other sessions). ``key``: the field after the
+    slash (a log's ``stream``)."""
     if len(term) >= 2 and term.startswith('"') and term.endswith('"'):
         return Q(session_id=term[1:-1])
     term_stripped = term.strip()
@@ -124,8 +127,8 @@ def search_condition(connection: Any, term: str) -> Q:
     condition = Q(session_id=term) | Q(session_id=term_stripped)
     slashes = [at for at, char in enumerate(term_stripped) if char == "/"][:SEARCH_SPLITS_MAX]
     for at in slashes:
-        session, key = term_stripped[:at], term_stripped[at + 1 :]
-        condition |= Q(session_id=session) & prefix_filter(connection, "key", key)
+        session, right = term_stripped[:at], term_stripped[at + 1 :]
+        condition |= Q(session_id=session) & prefix_filter(connection, key, right)
     return condition
 
 
@@ -634,3 +637,154 @@ def _diff_lines(before: str, after: str) -> list[str] | None:
     if max(len(old), len(new)) > DIFF_MAX_LINES:
         return None
     return list(difflib.unified_diff(old, new, lineterm="", n=2))[2:]
+
+
+#: Items, and events, on one page of a log (newest first; older pages by keyset links).
+LOG_PAGE = 50
+#: Characters of an item's JSON shown (cut in the database: an item of any size reads the same).
+ITEM_CHARS = 500
+
+
+@admin.register(Log)
+class LogAdmin(admin.ModelAdmin):
+    """Logs, read-only: the changelist of heads, and per log a page of its items and a page of
+    its events, newest first, with links to older pages. What changes a log is the agent's
+    calls (append, pop, clear): the admin shows, it does not edit."""
+
+    change_form_template = "admin/agentmemory/log/change_form.html"
+    list_display = [
+        "session",
+        "log_stream",
+        "length",
+        "last_seq",
+        "version",
+        "updated_at",
+        "expiry",
+    ]
+    list_display_links = ["session", "log_stream"]
+    search_fields = ["session_id"]
+    search_help_text = (
+        "A session id ('abc*' for ids starting with abc; '\"an id\"' in quotes for exactly "
+        "that id); 'session/stream' for that session's streams starting with stream."
+    )
+    ordering = ["session_id", "stream"]  # along the unique index
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    fields = [
+        "session_id",
+        "stream",
+        "length",
+        "last_seq",
+        "cleared_through",
+        "version",
+        "created_at",
+        "updated_at",
+        "expires_at",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # read-only: the view permission shows it
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # erase_session, or the agent's own clear_log
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).using(admin_store().using)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        condition = search_condition(connections[queryset.db], search_term, key="stream")
+        return queryset.filter(condition), False
+
+    @admin.display(description="session id", ordering="session_id")
+    def session(self, log: Log) -> SafeString:
+        return format_html("<bdi>{}</bdi>", log.session_id)
+
+    @admin.display(description="stream", ordering="stream")
+    def log_stream(self, log: Log) -> SafeString:
+        return format_html("<bdi>{}</bdi>", log.stream)
+
+    @admin.display(description="expires")
+    def expiry(self, log: Log) -> str:
+        if log.expires_at is None:
+            return "never"
+        if log.expires_at <= clock.now():
+            return "expired"
+        return log.expires_at.strftime("%Y-%m-%d %H:%M:%S")
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        log = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if log is not None:
+            before = _page_bound(request, "before")
+            events_before = _page_bound(request, "events_before")
+            items, older = log_items(log, before)
+            events, older_events = log_events(log, events_before)
+            context.update(
+                items=items,
+                older_items=older,
+                events=events,
+                older_events=older_events,
+                newest_page=before is None and events_before is None,
+                page_size=LOG_PAGE,
+                expired=log.expires_at is not None and log.expires_at <= clock.now(),
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+
+def _page_bound(request: HttpRequest, name: str) -> int | None:
+    """A keyset page's bound from the query string (a positive number), else None: a bad one
+    shows the newest page, never an error."""
+    raw = request.GET.get(name, "")
+    return int(raw) if raw.isdigit() and 0 < int(raw) < 2**63 else None
+
+
+def log_items(log: Log, before: int | None) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of the log's items, newest first (below item number ``before``), each with its
+    JSON cut at :data:`ITEM_CHARS` and its status; and the bound of the next older page (None:
+    this is the oldest)."""
+    items = LogItem.objects.using(log._state.db).filter(log=log)
+    if before is not None:
+        items = items.filter(seq__lt=before)
+    rows = list(
+        items.order_by("-seq")
+        .annotate(preview=Left(Cast("value", TextField()), ITEM_CHARS + 1))
+        .values("seq", "preview", "created_at", "removed_in")[: LOG_PAGE + 1]
+    )
+    older = rows[LOG_PAGE - 1]["seq"] if len(rows) > LOG_PAGE else None
+    page = []
+    for row in rows[:LOG_PAGE]:
+        preview = row["preview"]
+        if preview is not None and len(preview) > ITEM_CHARS:
+            preview = preview[:ITEM_CHARS] + "…"
+        if row["removed_in"] is not None:
+            state, status = "popped", f"popped (e{row['removed_in']})"
+        elif row["seq"] <= log.cleared_through:
+            state = status = "cleared"
+        else:
+            state = status = "live"
+        page.append({**row, "preview": preview, "state": state, "status": status})
+    return page, older
+
+
+def log_events(log: Log, before: int | None) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of the log's events, newest first (below version ``before``), and the bound of
+    the next older page (None: this is the oldest)."""
+    events = LogEvent.objects.using(log._state.db).filter(log=log)
+    if before is not None:
+        events = events.filter(version__lt=before)
+    rows = list(
+        events.order_by("-version").values(
+            "version", "op", "first_seq", "last_seq", "count", "created_at", "request_id"
+        )[: LOG_PAGE + 1]
+    )
+    older = rows[LOG_PAGE - 1]["version"] if len(rows) > LOG_PAGE else None
+    return rows[:LOG_PAGE], older
