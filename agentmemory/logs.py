@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,7 +35,7 @@ from .defects import Defect, Defects, failpoint_after_first_key
 from .models import Log, LogEvent, LogItem
 from .records import LogEventRecord, LogItemRecord, LogOp
 from .retries import Retrier
-from .vendors import insert_if_missing
+from .vendors import insert_if_missing, json_placeholder
 from .writes import UNLOCKED_GAP_SECONDS, default_ttl, one_write_at_a_time
 
 
@@ -97,12 +98,8 @@ class LogPath:
             numbers = [first + i for i in range(len(values))]
             if Defect.SKIPPED_ITEM_NUMBER in self.defects:
                 numbers = [n + 1 if n >= 3 and head.last_seq < 3 else n for n in numbers]
-            items = [
-                LogItem(log_id=head.id, seq=seq, value=value, created_at=now)
-                for seq, value in zip(numbers, values, strict=True)
-            ]
-            LogItem.objects.using(self.using).bulk_create(items)
-            if len(items) > 1:
+            self._insert_items(head, numbers, values, now)
+            if len(values) > 1:
                 failpoint_after_first_key()  # the items are written: all must go with them
             head.last_seq = numbers[-1]
             head.length += len(values)
@@ -110,8 +107,8 @@ class LogPath:
             head.expires_at = None if lifetime is None else now + lifetime
             self._record(head, LogOp.APPEND, numbers[0], numbers[-1], len(values), now, request_id)
             return [
-                LogItemRecord(session_id, stream, item.seq, value, now)
-                for item, value in zip(items, values, strict=True)
+                LogItemRecord(session_id, stream, seq, value, now)
+                for seq, value in zip(numbers, values, strict=True)
             ]
 
         with one_write_at_a_time(self.using):
@@ -133,14 +130,12 @@ class LogPath:
                     found = self._items(head, done.first_seq, done.last_seq)
                     return found[0] if found and done.op == LogOp.POP else None
             self._expire_if_due(head, now)
-            last = self._live(head).order_by("-seq").first()
-            if observed is not None:
-                last = observed[1]
+            last = self._last_live(head) if observed is None else observed[1]
             if last is None:
                 return None
             head.length -= 1
             self._record(head, LogOp.POP, last.seq, last.seq, 1, now, request_id)
-            LogItem.objects.using(self.using).filter(id=last.id).update(removed_in=head.version)
+            self._run(self._statements().mark_popped, [head.version, last.id])
             return LogItemRecord(session_id, stream, last.seq, last.value, last.created_at)
 
         with one_write_at_a_time(self.using):
@@ -219,8 +214,7 @@ class LogPath:
         newest_first = after is None and limit is not None
         shown = Defect.READ_SHOWS_POPPED in self.defects
         params = [
-            session_id,
-            stream,
+            *(session_id, stream) * head_refs(connections[self.using].vendor),
             *([after] if after is not None else []),
             *([before] if before is not None else []),
             *([limit] if limit is not None else []),
@@ -292,12 +286,21 @@ class LogPath:
 
     # ------------------------------------------------------------------ under the lock
 
-    def _lock(self, session_id: str, stream: str, now: datetime, *, create: bool) -> Log | None:
+    def _run(self, statement: str, params: list[Any]) -> list[Any]:
+        return list(sql.run(connections[self.using], statement, params))
+
+    def _statements(self) -> _Statements:
+        return _statements(connections[self.using].vendor)
+
+    def _adapt(self, when: datetime | None) -> Any:
+        return connections[self.using].ops.adapt_datetimefield_value(when)
+
+    def _lock(self, session_id: str, stream: str, now: datetime, *, create: bool) -> _Head | None:
         """The log's head, locked (created empty first when ``create``: two writers racing to
         create a log never make two heads, and neither sees an IntegrityError)."""
-        heads = Log.objects.using(self.using).select_for_update()
-        head = heads.filter(session_id=session_id, stream=stream).first()
-        if head is None and create:
+        lock = self._statements().lock
+        rows = self._run(lock, [session_id, stream])
+        if not rows and create:
             values = {
                 "session_id": session_id,
                 "stream": stream,
@@ -309,26 +312,55 @@ class LogPath:
                 "updated_at": now,
             }
             insert_if_missing(connections[self.using], Log, values)
-            head = heads.filter(session_id=session_id, stream=stream).first()
-        return head
+            rows = self._run(lock, [session_id, stream])
+        if not rows:
+            return None
+        row_id, last_seq, length, cleared, version, expires = rows[0]
+        return _Head(
+            row_id, session_id, stream, last_seq, length, cleared, version, sql.to_datetime(expires)
+        )
 
-    def _observe(self, session_id: str, stream: str) -> tuple[int, LogItem | None]:
+    def _observe(self, session_id: str, stream: str) -> tuple[int, _Item | None]:
         """The unsafe seam's read: the log's last number and last live item as they are now,
         without a lock, outside the transaction; then the gap before the write."""
         head = Log.objects.using(self.using).filter(session_id=session_id, stream=stream).first()
-        found = (0, None) if head is None else (head.last_seq, self._live(head).last())
+        found: tuple[int, _Item | None] = (0, None)
+        if head is not None:
+            last = (
+                LogItem.objects.using(self.using)
+                .filter(log_id=head.id, seq__gt=head.cleared_through, removed_in__isnull=True)
+                .last()
+            )
+            item = None if last is None else _Item(last.id, last.seq, last.value, last.created_at)
+            found = (head.last_seq, item)
         time.sleep(UNLOCKED_GAP_SECONDS)
         return found
 
-    def _live(self, head: Log) -> Any:
-        return LogItem.objects.using(self.using).filter(
-            log_id=head.id, seq__gt=head.cleared_through, removed_in__isnull=True
-        )
+    def _last_live(self, head: _Head) -> _Item | None:
+        rows = self._run(self._statements().last_live, [head.id, head.cleared_through])
+        if not rows:
+            return None
+        row_id, seq, raw, created = rows[0]
+        created_at = sql.to_datetime(created)
+        assert created_at is not None
+        return _Item(row_id, seq, sql.decode_json(raw), created_at)
 
-    def _expire_if_due(self, head: Log, now: datetime) -> bool:
+    def _insert_items(
+        self, head: _Head, numbers: list[int], values: list[Any], now: datetime
+    ) -> None:
+        connection = connections[self.using]
+        at = self._adapt(now)
+        params = []
+        for seq, value in zip(numbers, values, strict=True):
+            params += [head.id, seq, sql.encode_json(value), at]
+        row = f"(%s, %s, {json_placeholder(connection)}, %s)"
+        statement = self._statements().insert_items + ", ".join([row] * len(values))
+        sql.run(connection, statement, params)
+
+    def _expire_if_due(self, head: _Head, now: datetime) -> bool:
         """A passed TTL is an event too, recorded before anything else happens to the log:
         the items it hid never come back. True if it hid live items."""
-        if head.expires_at is None or head.expires_at > now:  # _unexpired, on the row at hand
+        if _live_at(head.expires_at, now):
             return False
         had = head.length
         head.expires_at = None
@@ -336,7 +368,7 @@ class LogPath:
         return had > 0
 
     def _hide(
-        self, head: Log, op: LogOp, now: datetime, request_id: str, *, always: bool = False
+        self, head: _Head, op: LogOp, now: datetime, request_id: str, *, always: bool = False
     ) -> int:
         """Hide every item up to ``last_seq`` (a clear or an expiry): one event, if there was
         anything to hide (``always``: an expiry is recorded even then)."""
@@ -351,7 +383,7 @@ class LogPath:
 
     def _record(
         self,
-        head: Log,
+        head: _Head,
         op: LogOp,
         first_seq: int,
         last_seq: int,
@@ -361,42 +393,108 @@ class LogPath:
     ) -> None:
         """Event ``head.version + 1``, and the head saved as the mutation left it."""
         head.version += 1
-        head.updated_at = now
-        LogEvent.objects.using(self.using).create(
-            log_id=head.id,
-            version=head.version,
-            op=op,
-            first_seq=first_seq,
-            last_seq=last_seq,
-            count=count,
-            created_at=now,
-            request_id=request_id,
+        at, statements = self._adapt(now), self._statements()
+        self._run(
+            statements.insert_event,
+            [head.id, head.version, op.value, first_seq, last_seq, count, at, request_id],
         )
-        head.save(
-            using=self.using,
-            update_fields=[
-                "last_seq",
-                "length",
-                "cleared_through",
-                "version",
-                "updated_at",
-                "expires_at",
+        self._run(
+            statements.update_head,
+            [
+                head.last_seq,
+                head.length,
+                head.cleared_through,
+                head.version,
+                at,
+                self._adapt(head.expires_at),
+                head.id,
             ],
         )
 
-    def _find_request(self, head: Log, request_id: str) -> LogEvent | None:
+    def _find_request(self, head: _Head, request_id: str) -> _Done | None:
         """The event an earlier attempt or call with the same request id committed, if any."""
-        return (
-            LogEvent.objects.using(self.using).filter(log_id=head.id, request_id=request_id).first()
-        )
+        rows = self._run(self._statements().find_request, [head.id, request_id])
+        return _Done(LogOp(rows[0][0]), *rows[0][1:]) if rows else None
 
-    def _items(self, head: Log, first: int, last: int) -> list[LogItemRecord]:
+    def _items(self, head: _Head, first: int, last: int) -> list[LogItemRecord]:
         """Items ``first``..``last`` as they were appended (popped or hidden since, or not)."""
-        items = LogItem.objects.using(self.using).filter(
-            log_id=head.id, seq__gte=first, seq__lte=last
-        )
-        rows = items.order_by("seq").values_list("seq", "value", "created_at")
-        return [LogItemRecord(head.session_id, head.stream, *row) for row in rows]
+        rows = self._run(self._statements().items, [head.id, first, last])
+        return [
+            LogItemRecord(
+                head.session_id, head.stream, seq, sql.decode_json(raw), sql.to_datetime(created)
+            )
+            for seq, raw, created in rows
+        ]
+
+
+@dataclass(slots=True)
+class _Head:
+    """A log's head as a mutation holds it under its lock."""
+
+    id: int
+    session_id: str
+    stream: str
+    last_seq: int
+    length: int
+    cleared_through: int
+    version: int
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    id: int
+    seq: int
+    value: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """The event a request id already committed."""
+
+    op: LogOp
+    first_seq: int
+    last_seq: int
+    count: int
+
+
+@dataclass(frozen=True)
+class _Statements:
+    lock: str
+    last_live: str
+    insert_items: str  # + one "(...)" of values per item
+    insert_event: str
+    update_head: str
+    find_request: str
+    items: str
+    mark_popped: str
+
+
+@functools.lru_cache(maxsize=8)
+def _statements(vendor: str) -> _Statements:
+    """A mutation's statements, hand-written as the store's memory statements are
+    (:mod:`agentmemory.sql`): the ORM's query building cost more than the database's work."""
+    quote = "`{}`" if vendor == "mysql" else '"{}"'  # as each backend's ops.quote_name
+    head, item, event = (quote.format(m._meta.db_table) for m in (Log, LogItem, LogEvent))
+    count = quote.format("count")
+    for_update = "" if vendor == "sqlite" else " FOR UPDATE"  # SQLite: BEGIN IMMEDIATE
+    return _Statements(
+        lock="SELECT id, last_seq, length, cleared_through, version, expires_at "
+        f"FROM {head} WHERE session_id = %s AND stream = %s{for_update}",
+        last_live=f"SELECT id, seq, value, created_at FROM {item} WHERE log_id = %s AND "
+        "seq > %s AND removed_in IS NULL ORDER BY seq DESC LIMIT 1",
+        insert_items=f"INSERT INTO {item} (log_id, seq, value, created_at) VALUES ",
+        insert_event=f"INSERT INTO {event} (log_id, version, op, first_seq, last_seq, {count}, "
+        "created_at, request_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        update_head=f"UPDATE {head} SET last_seq = %s, length = %s, cleared_through = %s, "
+        "version = %s, updated_at = %s, expires_at = %s WHERE id = %s",
+        find_request=f"SELECT op, first_seq, last_seq, {count} FROM {event} "
+        "WHERE log_id = %s AND request_id = %s",
+        items=f"SELECT seq, value, created_at FROM {item} WHERE log_id = %s AND seq >= %s "
+        "AND seq <= %s ORDER BY seq",
+        mark_popped=f"UPDATE {item} SET removed_in = %s WHERE id = %s",
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -404,24 +502,63 @@ def _read_statement(
     vendor: str, after: bool, before: bool, limit: bool, newest_first: bool, popped: bool
 ) -> str:
     """The read of a log's items, hand-written (the ORM's query building was most of a read's
-    CPU): one statement over the head and the ``(log, seq)`` index, parameters the session id,
-    the stream, then ``after``, ``before``, ``limit`` where given. ``popped``: the
-    READ_SHOWS_POPPED defect."""
+    CPU): one statement, so the head and the items are one view, that walks the ``(log, seq)``
+    index from the page's bound and stops after ``limit`` rows, whatever the log's length --
+    each database needs the head put to it its own way for that:
+
+    - PostgreSQL: three uncorrelated subqueries (the expiry, the log's id, its clear bound), each
+      evaluated once before the items are read. Joined instead, it reads every live item of the
+      log and sorts them for a page of the latest N (5 ms at 3,000 items, and growing; 0.09 ms
+      this way);
+    - the MySQL family: a join. The head, found by its unique key, is a constant table, so
+      ``log_id`` and both ``seq`` bounds make one index range (with subqueries it evaluates
+      them only at run time and scans every item above a ``before``: 1,521 rows for a page),
+      given the index and the range explicitly (below);
+    - SQLite: either; the subqueries.
+
+    Parameters: (session id, stream) :func:`head_refs` times, then ``after``, ``before``,
+    ``limit`` where given. ``popped``: the READ_SHOWS_POPPED defect."""
     quote = "`{}`" if vendor == "mysql" else '"{}"'  # as each backend's ops.quote_name
     item, head = quote.format(LogItem._meta.db_table), quote.format(Log._meta.db_table)
+    order = "DESC" if newest_first else "ASC"
+    by = f"i.seq {order}"
+    if vendor == "mysql":
+        columns = "i.seq, i.value, i.created_at, h.expires_at"
+        index = quote.format(ONE_ITEM_PER_SEQ)
+        source = f"{item} i FORCE INDEX ({index}) JOIN {head} h"
+        bounds = [
+            "h.session_id = %s",
+            "h.stream = %s",
+            # Not "i.log_id = h.id": on an equality MariaDB 10.11 reads by `ref` on log_id
+            # alone, from the end of the log, and filters the seq bounds row by row. Two values
+            # (0 is no id) and the order of the whole index make it a range over both columns.
+            "i.log_id IN (h.id, 0)",
+            "i.seq > h.cleared_through",
+        ]
+        by = f"i.log_id {order}, i.seq {order}"
+    else:
+        of_head = f"FROM {head} WHERE session_id = %s AND stream = %s)"
+        columns = f"i.seq, i.value, i.created_at, (SELECT expires_at {of_head}"
+        source = f"{item} i"
+        bounds = [f"i.log_id = (SELECT id {of_head}", f"i.seq > (SELECT cleared_through {of_head}"]
     conditions = [
-        "h.session_id = %s",
-        "h.stream = %s",
-        "i.seq > h.cleared_through",
+        *bounds,
         *([] if popped else ["i.removed_in IS NULL"]),
         *(["i.seq > %s"] if after else []),
         *(["i.seq < %s"] if before else []),
     ]
-    return (
-        f"SELECT i.seq, i.value, i.created_at, h.expires_at FROM {item} i "
-        f"JOIN {head} h ON h.id = i.log_id WHERE {' AND '.join(conditions)} "
-        f"ORDER BY i.seq {'DESC' if newest_first else 'ASC'}" + (" LIMIT %s" if limit else "")
+    return f"SELECT {columns} FROM {source} WHERE {' AND '.join(conditions)} ORDER BY {by}" + (
+        " LIMIT %s" if limit else ""
     )
+
+
+#: The name of the ``(log, seq)`` unique index (the constraint's).
+ONE_ITEM_PER_SEQ = "agentmemory_one_item_per_seq"
+
+
+def head_refs(vendor: str) -> int:
+    """How many times :func:`_read_statement` takes the (session id, stream) pair."""
+    return 1 if vendor == "mysql" else 3
 
 
 def _live_at(expires_at: datetime | None, now: datetime) -> bool:

@@ -218,7 +218,7 @@ def main() -> None:
                 results["openai"][f"{alias} @ {n}"] = interleaved(
                     size["repeats"],
                     {
-                        name: (lambda m=make: asyncio.run(measure_openai(m, n, size["calls"])))
+                        name: (lambda m=make, n=n: asyncio.run(measure_openai(m, n, size["calls"])))
                         for name, make in makers.items()
                     },
                 )
@@ -227,7 +227,7 @@ def main() -> None:
                 results["adk"][f"{alias} @ {n}"] = interleaved(
                     size["repeats"],
                     {
-                        name: (lambda m=make: asyncio.run(measure_adk(m, n, size["calls"])))
+                        name: (lambda m=make, n=n: asyncio.run(measure_adk(m, n, size["calls"])))
                         for name, make in services.items()
                     },
                 )

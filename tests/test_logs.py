@@ -9,7 +9,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
 
 from agentmemory import InvalidMemory, LogOp, MemoryStore, ReentrantWrite, clock
 from agentmemory.defects import lose_commit_answer
@@ -466,3 +466,71 @@ def test_the_async_twins(store):
     assert seqs(appended) == [1, 2, 3] and popped.value == "c"
     assert values(read) == ["a", "b"] and length == 2 and len(events) == 2
     assert cleared == 2 and erased == 1
+
+
+def items_examined(statement: str, params: list) -> int | None:
+    """How many item rows the database read to answer ``statement`` (PostgreSQL: the actual
+    rows of the scans of the items table; MariaDB: ``r_rows``); None where it cannot say
+    (SQLite: the plan is checked instead)."""
+    import json
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            return sum(
+                node.get("Actual Rows", 0)
+                for node in _nodes(plan[0]["Plan"])
+                if node.get("Relation Name") == LogItem._meta.db_table
+            )
+        if connection.vendor == "mysql" and connection.mysql_is_mariadb:
+            cursor.execute("ANALYZE FORMAT=JSON " + statement, params)
+            text = cursor.fetchone()[0]
+            return sum(
+                int(node.get("r_rows") or 0)
+                for node in _nodes(json.loads(text))
+                if node.get("table_name") == "i" or node.get("table_name") == LogItem._meta.db_table
+            )
+        if connection.vendor == "sqlite":
+            cursor.execute("EXPLAIN QUERY PLAN " + statement, params)
+            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "TEMP B-TREE" not in plan, plan  # no sort: the index gives the order
+    return None
+
+
+def _nodes(node):
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _nodes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _nodes(value)
+
+
+@pytest.mark.parametrize("where", ["latest", "before", "after"])
+def test_a_page_reads_its_items_only_whatever_the_log_length(store, where):
+    """O(1) in the log's length, by the plan: a page of 20 reads about 20 item rows, from the
+    (log, seq) index, in a log of 3,000 -- never every item and a sort (what a join of the head
+    and the items made PostgreSQL do)."""
+    from agentmemory.logs import _read_statement, head_refs
+
+    for start in range(0, 3000, 500):
+        store.append("s", "chat", list(range(start, start + 500)))
+    store.append("other", "chat", list(range(500)))  # another log's items in the same index
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE agentmemory_logitem"
+        )
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    bounds = {"latest": {}, "before": {"before": 1500}, "after": {"after": 1500}}[where]
+    statement = _read_statement(
+        connection.vendor, "after" in bounds, "before" in bounds, True, "after" not in bounds, False
+    )
+    params = [*("s", "chat") * head_refs(connection.vendor), *bounds.values(), 20]
+    examined = items_examined(statement, params)
+    assert examined is None or 20 <= examined <= 21, f"{examined} item rows read for a page of 20"
+    page = store.read_log("s", "chat", limit=20, **bounds)
+    assert len(page) == 20
