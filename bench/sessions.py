@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -89,17 +90,22 @@ def openai_sessions(alias: str, folder: Path) -> dict[str, Callable[[str], Any]]
     return makers
 
 
-async def measure_openai(make: Callable[[str], Any], size: int, calls: int) -> dict[str, float]:
-    """ops/s of add_items (one item), get_items(limit=20) and pop_item on a session of ``size``
-    items."""
+async def openai_filled(make: Callable[[str], Any], size: int, calls: int) -> Any:
+    """A session holding ``size`` items, plus ``calls`` for each round of pops to take."""
     session = make(f"bench-{uuid.uuid4().hex[:8]}")
-    for start in range(0, size + calls, 1000):
-        await session.add_items([item(n) for n in range(start, min(size + calls, start + 1000))])
+    total = size + calls
+    for start in range(0, total, 1000):
+        await session.add_items([item(n) for n in range(start, min(total, start + 1000))])
+    return session
+
+
+async def measure_openai(session: Any, calls: int) -> dict[str, float]:
+    """ops/s of pop_item (size + calls -> size items), get_items(limit=20) and add_items (one
+    item: back to size + calls)."""
     figures = {}
-    figures["pop"] = await rate(calls, session.pop_item)  # size + calls -> size items
+    figures["pop"] = await rate(calls, session.pop_item)
     figures["get"] = await rate(calls, lambda: session.get_items(limit=20))
     figures["add"] = await rate(calls, lambda: session.add_items([item(-1)]))
-    await session.clear_session()
     return figures
 
 
@@ -117,31 +123,37 @@ def adk_services(alias: str, folder: Path) -> dict[str, Callable[[], Any]]:
     }
 
 
-async def measure_adk(make: Callable[[], Any], size: int, calls: int) -> dict[str, float]:
-    """ops/s of append_event (with a state delta) and get_session (the latest 20 events) on a
-    session of ``size`` events."""
+def adk_event(n: int) -> Any:
     from google.adk.events.event import Event
     from google.adk.events.event_actions import EventActions
-    from google.adk.sessions.base_session_service import GetSessionConfig
     from google.genai import types
 
+    return Event(
+        author="user",
+        invocation_id="inv",
+        content=types.Content(role="user", parts=[types.Part(text=item(n)["content"])]),
+        actions=EventActions(state_delta={"turn": n}),
+    )
+
+
+async def adk_filled(make: Callable[[], Any], size: int) -> tuple[Any, Any]:
+    """A service and a session of it holding ``size`` events (appended one by one: ADK has no
+    batch append)."""
     service = make()
     session = await service.create_session(
         app_name="bench", user_id="u", session_id=f"bench-{uuid.uuid4().hex[:8]}"
     )
-
-    def event(n: int) -> Event:
-        return Event(
-            author="user",
-            invocation_id="inv",
-            content=types.Content(role="user", parts=[types.Part(text=item(n)["content"])]),
-            actions=EventActions(state_delta={"turn": n}),
-        )
-
     for n in range(size):
-        await service.append_event(session, event(n))
+        await service.append_event(session, adk_event(n))
+    return service, session
+
+
+async def measure_adk(service: Any, session: Any, calls: int) -> dict[str, float]:
+    """ops/s of append_event (with a state delta) and get_session (the latest 20 events)."""
+    from google.adk.sessions.base_session_service import GetSessionConfig
+
     figures = {}
-    figures["append"] = await rate(calls, lambda: service.append_event(session, event(-1)))
+    figures["append"] = await rate(calls, lambda: service.append_event(session, adk_event(-1)))
     config = GetSessionConfig(num_recent_events=20)
     figures["get"] = await rate(
         calls,
@@ -149,8 +161,12 @@ async def measure_adk(make: Callable[[], Any], size: int, calls: int) -> dict[st
             app_name="bench", user_id="u", session_id=session.id, config=config
         ),
     )
-    await service.delete_session(app_name="bench", user_id="u", session_id=session.id)
     return figures
+
+
+def run_on(loop: asyncio.AbstractEventLoop, measure: Callable[..., Any], *args: Any) -> Any:
+    """One measurement (a new coroutine each time) on the loop its sessions were made on."""
+    return loop.run_until_complete(measure(*args))
 
 
 async def rate(calls: int, call: Callable[[], Awaitable[Any]]) -> float:
@@ -215,22 +231,34 @@ def main() -> None:
             for n in size["sizes"]:
                 progress(f"{alias}: OpenAI Agents sessions at {n:,} items")
                 makers = openai_sessions(alias, folder)
+                loop = asyncio.new_event_loop()
+                sessions = {
+                    name: loop.run_until_complete(openai_filled(make, n, size["calls"]))
+                    for name, make in makers.items()
+                }
                 results["openai"][f"{alias} @ {n}"] = interleaved(
                     size["repeats"],
                     {
-                        name: (lambda m=make, n=n: asyncio.run(measure_openai(m, n, size["calls"])))
-                        for name, make in makers.items()
+                        name: functools.partial(
+                            run_on, loop, measure_openai, session, size["calls"]
+                        )
+                        for name, session in sessions.items()
                     },
                 )
                 progress(f"{alias}: ADK session services at {n:,} events")
                 services = adk_services(alias, folder)
+                filled = {
+                    name: loop.run_until_complete(adk_filled(make, n))
+                    for name, make in services.items()
+                }
                 results["adk"][f"{alias} @ {n}"] = interleaved(
                     size["repeats"],
                     {
-                        name: (lambda m=make, n=n: asyncio.run(measure_adk(m, n, size["calls"])))
-                        for name, make in services.items()
+                        name: functools.partial(run_on, loop, measure_adk, *pair, size["calls"])
+                        for name, pair in filled.items()
                     },
                 )
+                loop.close()
             progress(f"{alias}: an append at 10 and at {size['log']:,} items")
             results["log"][alias] = log_append_cost(alias, size["log"], size["calls"])
             connections[alias].close()

@@ -242,6 +242,7 @@ def test_the_same_event_appended_again_is_stored_once():
         stored = await service.get_session(app_name="app", user_id="u", session_id="s")
         assert [e.id for e in stored.events] == [once.id]
         assert [e.id for e in session.events] == [once.id]
+        assert [e.id for e in stale.events] == [once.id]
 
     run(scenario())
 

@@ -109,10 +109,15 @@ class AgentMemorySessionService(BaseSessionService):
         # As ADK's own services: temp: state reaches the in-memory session only.
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
-        revision = await aio.run(self._append, session, event)
+        # Only an event stored before may be held by the session object already (a scan of its
+        # events, which grow with the session: looked for only then). Stored before: its
+        # idempotency key found the earlier write, or the object was loaded after it (the
+        # object's update time is not before the event's).
+        loaded_after = event.timestamp <= session.last_update_time
+        revision, replayed = await aio.run(self._append, session, event)
         session._storage_update_marker = str(revision)
         session.last_update_time = event.timestamp
-        if any(held.id == event.id for held in session.events):
+        if (replayed or loaded_after) and any(held.id == event.id for held in session.events):
             return event  # appended again after it was stored: stored (and held) once
         return self._commit_event_to_session(session, event)
 
@@ -190,7 +195,10 @@ class AgentMemorySessionService(BaseSessionService):
 
         self._retrier.atomic(attempt)
 
-    def _append(self, session: Session, event: Event) -> int:
+    def _append(self, session: Session, event: Event) -> tuple[int, bool]:
+        """Store ``event``: the session's new revision, and whether the event had been stored
+        before (a replay: its idempotency key found the earlier write, whose revision is not
+        past the one this session object holds)."""
         app_name, user_id, session_id = session.app_name, session.user_id, session.id
         listing, key = _listing(app_name), _head_key(user_id, session_id)
         request = _request("e:", event.id)
@@ -198,7 +206,7 @@ class AgentMemorySessionService(BaseSessionService):
         document = event.model_dump(exclude_none=True, mode="json")
         marker = session._storage_update_marker
 
-        def attempt(_retry: bool) -> int:
+        def attempt(_retry: bool) -> tuple[int, bool]:
             if marker is None:  # a Session this service did not load: its update time
                 head = self.store.recall(listing, key)
                 if head is None:
@@ -224,7 +232,7 @@ class AgentMemorySessionService(BaseSessionService):
             self.store.append(
                 _session(app_name, user_id, session_id), EVENTS, [document], idempotency_key=request
             )
-            return head.version
+            return head.version, head.version <= expected
 
         return self._retrier.atomic(attempt)
 
