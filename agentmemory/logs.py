@@ -479,11 +479,16 @@ def _statements(vendor: str) -> _Statements:
     head, item, event = (quote.format(m._meta.db_table) for m in (Log, LogItem, LogEvent))
     count = quote.format("count")
     for_update = "" if vendor == "sqlite" else " FOR UPDATE"  # SQLite: BEGIN IMMEDIATE
+    live = f" FORCE INDEX ({quote.format(LIVE_ITEMS)})" if vendor == "mysql" else ""
+    # Every column of the live items' index, so that PostgreSQL does not walk the (log, seq)
+    # index back over the popped rows instead (see _read_statement); MariaDB sorts if
+    # removed_in is in it, and takes the index it is told.
+    last_order = "seq DESC" if vendor == "mysql" else "log_id DESC, removed_in DESC, seq DESC"
     return _Statements(
         lock="SELECT id, last_seq, length, cleared_through, version, expires_at "
         f"FROM {head} WHERE session_id = %s AND stream = %s{for_update}",
-        last_live=f"SELECT id, seq, value, created_at FROM {item} WHERE log_id = %s AND "
-        "seq > %s AND removed_in IS NULL ORDER BY seq DESC LIMIT 1",
+        last_live=f"SELECT id, seq, value, created_at FROM {item}{live} WHERE log_id = %s AND "
+        f"removed_in IS NULL AND seq > %s ORDER BY {last_order} LIMIT 1",
         insert_items=f"INSERT INTO {item} (log_id, seq, value, created_at) VALUES ",
         insert_event=f"INSERT INTO {event} (log_id, version, op, first_seq, last_seq, {count}, "
         "created_at, request_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -521,10 +526,12 @@ def _read_statement(
     quote = "`{}`" if vendor == "mysql" else '"{}"'  # as each backend's ops.quote_name
     item, head = quote.format(LogItem._meta.db_table), quote.format(Log._meta.db_table)
     order = "DESC" if newest_first else "ASC"
-    by = f"i.seq {order}"
+    # The order of the index walked, every column of it (removed_in is NULL in every row of a
+    # live read): no planner then takes another index and filters or sorts.
+    by = f"i.seq {order}" if popped else f"i.removed_in {order}, i.seq {order}"
     if vendor == "mysql":
         columns = "i.seq, i.value, i.created_at, h.expires_at"
-        index = quote.format(ONE_ITEM_PER_SEQ)
+        index = quote.format(ONE_ITEM_PER_SEQ if popped else LIVE_ITEMS)
         source = f"{item} i FORCE INDEX ({index}) JOIN {head} h"
         bounds = [
             "h.session_id = %s",
@@ -535,7 +542,7 @@ def _read_statement(
             "i.log_id IN (h.id, 0)",
             "i.seq > h.cleared_through",
         ]
-        by = f"i.log_id {order}, i.seq {order}"
+        by = f"i.log_id {order}, i.seq {order}"  # (MariaDB sorts when removed_in is in it)
     else:
         of_head = f"FROM {head} WHERE session_id = %s AND stream = %s)"
         columns = f"i.seq, i.value, i.created_at, (SELECT expires_at {of_head}"
@@ -552,8 +559,9 @@ def _read_statement(
     )
 
 
-#: The name of the ``(log, seq)`` unique index (the constraint's).
+#: The names of the ``(log, seq)`` unique index (the constraint's) and of the live items' index.
 ONE_ITEM_PER_SEQ = "agentmemory_one_item_per_seq"
+LIVE_ITEMS = "agentmemory_live_items_idx"
 
 
 def head_refs(vendor: str) -> int:

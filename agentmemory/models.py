@@ -198,6 +198,12 @@ class LogItem(models.Model):
             # it also serves every read of a log, by (log, seq) in either direction.
             models.UniqueConstraint(fields=["log", "seq"], name="agentmemory_one_item_per_seq"),
         ]
+        indexes = [
+            # The live items of a log in order (``removed_in IS NULL`` is an equality on every
+            # database): a read or a pop walks live items only, never the popped ones between
+            # them -- after m pops in a row the next would otherwise pass over m rows.
+            models.Index(fields=["log", "removed_in", "seq"], name="agentmemory_live_items_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.seq}"

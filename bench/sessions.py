@@ -270,8 +270,17 @@ def main() -> None:
 
 def render(results: dict[str, Any]) -> str:
     lines = [
+        "# Agent sessions: agentmemory against the frameworks' own backends",
+        "",
+        "Written by `bench/sessions.py` (`make bench`). Each figure: sequential calls on one "
+        "session already holding N items or events, through the framework's own interface, each "
+        "backend on the same database server as ours (SQLite: a file each); ops/s, and in "
+        "parentheses agentmemory's ratio to that peer in the same run (> 1: agentmemory is "
+        "faster). agentmemory does more per call -- a locked, exactly-once, audited write; "
+        "see the integration pages for what each peer loses under concurrency.",
+        "",
         f"Measured {results['when']} on {results['machine']}: {results['calls']} sequential calls "
-        f"per figure, median of {results['repeats']}, ops/s (ratio: agentmemory / peer).",
+        f"per figure, median of {results['repeats']}.",
         "",
         "**OpenAI Agents SDK sessions** (`add_items` of one item, `get_items(limit=20)`, "
         "`pop_item`)",

@@ -469,8 +469,9 @@ def test_the_async_twins(store):
 
 
 def items_examined(statement: str, params: list) -> int | None:
-    """How many item rows the database read to answer ``statement`` (PostgreSQL: the actual
-    rows of the scans of the items table; MariaDB: ``r_rows``); None where it cannot say
+    """How many item rows the database read to answer ``statement`` (PostgreSQL: the rows the
+    scans of the items table returned or filtered out; MariaDB: ``r_rows``); None where it
+    cannot say
     (SQLite: the plan is checked instead)."""
     import json
 
@@ -481,6 +482,8 @@ def items_examined(statement: str, params: list) -> int | None:
             plan = json.loads(plan) if isinstance(plan, str) else plan
             return sum(
                 node.get("Actual Rows", 0)
+                + node.get("Rows Removed by Filter", 0)
+                + node.get("Rows Removed by Index Recheck", 0)
                 for node in _nodes(plan[0]["Plan"])
                 if node.get("Relation Name") == LogItem._meta.db_table
             )
@@ -534,3 +537,25 @@ def test_a_page_reads_its_items_only_whatever_the_log_length(store, where):
     assert examined is None or 20 <= examined <= 21, f"{examined} item rows read for a page of 20"
     page = store.read_log("s", "chat", limit=20, **bounds)
     assert len(page) == 20
+
+
+def test_a_pop_reads_one_live_item_however_many_were_popped_before_it(store):
+    """After 500 pops in a row, the next pop finds the last live item directly: the index of
+    live items, not a walk back over the 500 popped rows."""
+    from agentmemory.logs import _statements
+
+    for start in range(0, 3000, 500):
+        store.append("s", "chat", list(range(start, start + 500)))
+    for _ in range(500):
+        store.pop("s", "chat")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE agentmemory_logitem"
+        )
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    head = Log.objects.get(session_id="s", stream="chat")
+    statement = _statements(connection.vendor).last_live
+    examined = items_examined(statement, [head.id, head.cleared_through])
+    assert examined is None or 1 <= examined <= 2, f"{examined} item rows read for one pop"
+    assert store.pop("s", "chat").seq == 2500
