@@ -194,3 +194,18 @@ def test_after_a_failover_a_lost_append_is_the_databases():
     failover = SimpleNamespace(promoted_at=5.0, crashed_at=4.0)
     assert found(ops, log(), [failover]) == Counter({"lost-by-database": 1})
     assert found(ops, log()) == Counter({"log-append": 1, "log-read": 1})
+
+
+def test_after_a_failover_a_lost_pop_is_the_databases_and_its_item_may_be_popped_again():
+    """A pop acknowledged before the crash, lost with the primary: the item is live again on the
+    promoted standby, and a pop after the promotion returns it again -- the database's loss, not
+    two pops of one item."""
+    ops = [
+        append("a1", 0, 1, [1]),
+        pop("p1", 2, 3, 1, "a1.0"),  # lost in the failover at 4
+        pop("p2", 6, 7, 1, "a1.0"),
+    ]
+    failover = SimpleNamespace(promoted_at=5.0, crashed_at=4.0)
+    stored = log("a1.0", popped={1: (2, "p2")})
+    assert found(ops, stored, [failover]) == Counter({"lost-by-database": 1})
+    assert found(ops, stored) == Counter({"log-pop": 2})  # without the failover: a double pop

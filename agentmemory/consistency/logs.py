@@ -325,11 +325,23 @@ def _check_pops(s: _Stream) -> None:
         if op.kind != "log-pop" or op.status != "ok" or op.result is None:
             continue
         seq, token = op.result
+        stored_token, removed_in = s.stored.items.get(seq, (None, None))
+        event = s.stored.events.get(removed_in or 0)
+        # Before a failover: a pop whose event the database does not hold was lost by it (the
+        # item came back, and a later pop may rightly return it again).
+        if not s.judged(op) and (event is None or event[4] != f"k:{op.id}"):
+            if (op.completed_at or 0) <= s.promoted:
+                s.report(
+                    "lost-by-database",
+                    f"acknowledged pop {op.id} of #{seq} was lost by the database: a "
+                    "failover promoted a standby that had not received it (asynchronous "
+                    "replication)",
+                    op,
+                )
+            continue
         popped[token].append(op)
         if not s.judged(op):
             continue
-        stored_token, removed_in = s.stored.items.get(seq, (None, None))
-        event = s.stored.events.get(removed_in or 0)
         if stored_token != token:
             s.report("log-pop", f"pop returned #{seq} = {token}, #{seq} holds {stored_token}", op)
         elif removed_in is None:
