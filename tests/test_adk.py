@@ -22,7 +22,7 @@ from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 
-from agentmemory import MemoryStore
+from agentmemory import InvalidMemory, MemoryStore
 from agentmemory.integrations import adk
 
 from .conftest import redis_alias, run_threads
@@ -345,3 +345,83 @@ def test_without_the_row_lock_acknowledged_increments_are_lost():
         lambda: MemoryStore(cache=None, row_lock=False), workers=3
     )
     assert count < len(acknowledged) == 60, "without the row lock some increments must be lost"
+
+
+# ---------------------------------------------------------------------- the memory service
+
+
+def memory_service(**kwargs: Any) -> adk.AgentMemoryMemoryService:
+    from agentmemory import Index
+    from agentmemory.testing.embeddings import HashEmbedder
+
+    index = Index(embed=HashEmbedder(dims=64), dims=64, fields=["text"])
+    return adk.AgentMemoryMemoryService(MemoryStore(cache=None, index=index), **kwargs)
+
+
+def spoken(text: str, author: str = "user") -> Event:
+    return Event(author=author, invocation_id="inv", content=said(text))
+
+
+def test_the_memory_service_finds_a_users_events_by_meaning():
+    service = memory_service()
+    sessions = adk.AgentMemorySessionService(service.store)
+
+    async def scenario() -> None:
+        session = await sessions.create_session(app_name="app", user_id="ada", session_id="s1")
+        for text in ("I prefer window seats on long flights", "my cat is called Tom"):
+            await sessions.append_event(session, spoken(text))
+        await sessions.append_event(session, Event(author="user", invocation_id="inv"))  # no text
+        await service.add_session_to_memory(session)
+        other = await sessions.create_session(app_name="app", user_id="bob", session_id="s2")
+        await sessions.append_event(other, spoken("window seats on flights, please"))
+        await service.add_session_to_memory(other)
+
+        found = await service.search_memory(app_name="app", user_id="ada", query="window seats")
+        texts = [entry.content.parts[0].text for entry in found.memories]
+        assert texts[0] == "I prefer window seats on long flights" and len(texts) == 2
+        best = found.memories[0]
+        assert best.author == "user" and best.id == session.events[0].id
+        assert best.timestamp.startswith("20") and best.custom_metadata["session_id"] == "s1"
+        assert await service.search_memory(app_name="other", user_id="ada", query="seats") == (
+            type(found)(memories=[])
+        )
+
+    run(scenario())
+
+
+def test_adding_a_session_again_writes_only_its_new_events_and_a_deleted_one_stays_deleted():
+    service = memory_service()
+    sessions = adk.AgentMemorySessionService(service.store)
+    where = adk._memories("app", "ada")
+
+    async def scenario() -> None:
+        session = await sessions.create_session(app_name="app", user_id="ada", session_id="s")
+        await sessions.append_event(session, spoken("the first thing"))
+        await service.add_session_to_memory(session)
+        await sessions.append_event(session, spoken("the second thing"))
+        await service.add_session_to_memory(session)
+        first, second = (event.id for event in session.events)
+        assert [v.version for v in await service.store.ahistory(where, first)] == [1]
+        assert await service.store.arecall(where, second) is not None
+
+        await service.delete_memory(app_name="app", user_id="ada", memory_id=first)
+        await service.add_session_to_memory(session)
+        found = await service.search_memory(app_name="app", user_id="ada", query="the first thing")
+        assert [entry.id for entry in found.memories] == [second]
+
+        await service.add_events_to_memory(
+            app_name="app", user_id="ada", events=[spoken("a third thing")], session_id="s"
+        )
+        found = await service.search_memory(app_name="app", user_id="ada", query="third")
+        assert len(found.memories) == 2
+
+    run(scenario())
+
+
+def test_the_memory_service_needs_the_semantic_index():
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="SEARCH"):
+        adk.AgentMemoryMemoryService(MemoryStore(cache=None))
+    with pytest.raises(InvalidMemory, match="memory_id"):
+        run(memory_service().delete_memory(app_name="app", user_id="u"))

@@ -23,8 +23,12 @@ once: every write of the call carries the event's id as its idempotency key. Two
 ``create_session`` calls with one id make one session; the other gets ``AlreadyExistsError``
 (#4954). ``list_sessions`` is ordered by last update, oldest first, then by id (#6272).
 
-The adapter is thin: it translates ADK's calls to the store's; every guarantee beneath it lives in
-the store and is tested there.
+``AgentMemoryMemoryService`` is ADK's long-term memory (``BaseMemoryService``) on the store's
+semantic index: each event with text is one memory of the user's memory session, keyed by the
+event's id, found by ``search_memory`` by meaning.
+
+The adapters are thin: they translate ADK's calls to the store's; every guarantee beneath them
+lives in the store and is tested there.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ import hashlib
 import json
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
 from google.adk.events.event import Event
+from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
+from google.adk.memory.memory_entry import MemoryEntry
 from google.adk.sessions.base_session_service import (
     BaseSessionService,
     GetSessionConfig,
@@ -46,6 +54,7 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
+from google.genai import types
 
 from .. import aio
 from ..errors import InvalidMemory, VersionConflict
@@ -309,6 +318,10 @@ def _session(app_name: str, user_id: str, session_id: str) -> str:
     return "adk:session:" + _digest(app_name, user_id, session_id)
 
 
+def _memories(app_name: str, user_id: str) -> str:
+    return "adk:memory:" + _digest(app_name, user_id)
+
+
 def _head_key(user_id: str, session_id: str) -> str:
     key = json.dumps([user_id, session_id], ensure_ascii=False)
     if len(key) > KEY_MAX:
@@ -341,3 +354,95 @@ def _split(delta: dict[str, Any]) -> dict[str, dict[str, Any]]:
         else:
             scoped["session"][key] = safe
     return scoped
+
+
+class AgentMemoryMemoryService(BaseMemoryService):
+    """ADK's memory service on the store's semantic index (``AGENTMEMORY["SEARCH"]``, or the
+    ``index`` of the store given): ``add_session_to_memory`` and ``add_events_to_memory`` keep
+    each event with text as a memory of the user's memory session (keyed by the event's id, the
+    text indexed; an event already kept is not written again, so adding a session again as it
+    grows writes only its new events), ``search_memory`` returns the ``limit`` best by meaning,
+    ``delete_memory`` forgets one (and adding its session again does not bring it back).
+    Memories are per app and user, as ADK scopes them. Raises ``ImproperlyConfigured`` when the
+    store has no semantic index."""
+
+    def __init__(self, store: Any = None, *, limit: int = 10) -> None:
+        from ..store import MemoryStore
+
+        self.store = store if store is not None else MemoryStore()
+        if self.store.index is None:
+            raise ImproperlyConfigured(
+                "AgentMemoryMemoryService searches by meaning: configure the semantic index "
+                '(AGENTMEMORY["SEARCH"], docs/search.md) or pass a MemoryStore(index=...)'
+            )
+        self.limit = limit
+
+    async def add_session_to_memory(self, session: Session) -> None:
+        await aio.run(
+            self._add, session.app_name, session.user_id, session.id, list(session.events)
+        )
+
+    async def add_events_to_memory(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        events: Any,
+        session_id: str | None = None,
+        custom_metadata: Any = None,
+    ) -> None:
+        await aio.run(self._add, app_name, user_id, session_id, list(events))
+
+    async def search_memory(
+        self, *, app_name: str, user_id: str, query: str
+    ) -> SearchMemoryResponse:
+        hits = await self.store.asearch(_memories(app_name, user_id), query, limit=self.limit)
+        return SearchMemoryResponse(
+            memories=[
+                MemoryEntry(
+                    id=hit.key,
+                    content=types.Content.model_validate(hit.value["content"]),
+                    author=hit.value.get("author"),
+                    timestamp=hit.value.get("timestamp"),
+                    custom_metadata={"session_id": hit.value.get("session_id"), "score": hit.score},
+                )
+                for hit in hits
+                if not hit.value.get("deleted")
+            ]
+        )
+
+    async def delete_memory(
+        self, *, app_name: str, user_id: str, memory_id: str | None = None
+    ) -> None:
+        if not memory_id:
+            raise InvalidMemory("memory_id", "name the memory to delete (MemoryEntry.id)")
+        # Kept as a marker that is never indexed: searches do not find it, and adding its
+        # session again does not write the event back.
+        await self.store.aremember(
+            _memories(app_name, user_id), memory_id, {"deleted": True}, index=False
+        )
+
+    def _add(self, app_name: str, user_id: str, session_id: str | None, events: list) -> None:
+        texts = {}
+        for event in events:
+            parts = (event.content.parts or []) if event.content else []
+            text = "\n".join(part.text for part in parts if part.text)
+            if text and event.id:
+                texts[event.id] = {
+                    "text": text,
+                    "author": event.author,
+                    "timestamp": _iso(event.timestamp),
+                    "session_id": session_id,
+                    "content": event.content.model_dump(mode="json", exclude_none=True),
+                }
+        if not texts:
+            return
+        memories = _memories(app_name, user_id)
+        kept = self.store.recall_many(memories, list(texts))
+        new = {key: value for key, value in texts.items() if key not in kept}
+        if new:
+            self.store.remember_many(memories, new, index=["text"])
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat()
