@@ -1,7 +1,8 @@
 # The two commands of the README. Both set up .venv themselves on a fresh machine.
 .PHONY: memcheck test matrix demo bench bench-quick lint docs
 
-# The main job: memcheck on the embedded SQLite default.
+# The main job: memcheck on the embedded SQLite default (installs no browser: only `make test`'s
+# admin browser test needs one).
 memcheck:
 	@bash scripts/bootstrap.sh
 	@.venv/bin/python manage.py migrate --verbosity 0

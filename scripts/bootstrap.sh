@@ -2,12 +2,27 @@
 # Creates .venv and installs the project with every driver and test tool into it.
 # mysqlclient compiles against the MariaDB/MySQL client headers: installed from the system's
 # packages when missing (needs root or sudo).
+# Usage: scripts/bootstrap.sh [--browser]   --browser: also Debian's Chromium and ChromeDriver,
+# which only the admin's browser test needs (scripts/test.sh asks for them; `make memcheck` and
+# the other targets do not). BOOTSTRAP_PLAN=1: print the system packages it would install, and
+# stop there (nothing installed; the suite tests the plan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+browser=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) browser=1 ;;
+    *) echo "bootstrap: unknown argument $arg (known: --browser)" >&2; exit 2 ;;
+  esac
+done
+CHROMIUM=${BOOTSTRAP_CHROMIUM:-/usr/bin/chromium}
+CHROMEDRIVER=${BOOTSTRAP_CHROMEDRIVER:-/usr/bin/chromedriver}
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 apt_install() {
+  if [ -n "${BOOTSTRAP_PLAN:-}" ]; then echo "bootstrap plan: system packages: $*"; return; fi
   echo "bootstrap: installing system packages: $*" >&2
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
@@ -17,10 +32,11 @@ if ! pkg-config --exists mysqlclient 2>/dev/null && ! pkg-config --exists libmar
   apt_install pkg-config libmariadb-dev build-essential python3-dev
 fi
 # The admin's end-to-end test drives Debian's Chromium through its ChromeDriver (no browser
-# downloads: Selenium is given both paths).
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+# downloads: Selenium is given both paths). Only when asked: the main job needs no browser.
+if [ "$browser" = 1 ] && { [ ! -x "$CHROMIUM" ] || [ ! -x "$CHROMEDRIVER" ]; }; then
   apt_install chromium chromium-driver
 fi
+if [ -n "${BOOTSTRAP_PLAN:-}" ]; then exit 0; fi
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

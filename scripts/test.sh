@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 # PY: the interpreter to test with (nox's `servers` session passes its own); default .venv's.
 if [ -z "${PY:-}" ]; then
-  bash scripts/bootstrap.sh || exit 1
+  bash scripts/bootstrap.sh --browser || exit 1
   PY=.venv/bin/python
 fi
 bash scripts/services.sh || exit 1
