@@ -1,14 +1,20 @@
-"""memcheck's report: a readable text table, or JSON for machines."""
+"""memcheck's report: a readable text table, JSON for machines, JUnit XML for CI."""
 
 from __future__ import annotations
 
 import json
+import socket
 from collections import Counter
+from datetime import UTC, datetime
+from xml.etree import ElementTree
 
 from .checker import CHECKS, DATABASE_OWN
 from .runner import RunResult
+from .selftest import REAL, SelfTestResult
 
 EXAMPLES_PER_CHECK = 3
+#: Anomalies listed in the body of a JUnit failure (each check's first ones).
+JUNIT_ANOMALIES = 20
 
 
 def render_json(result: RunResult) -> str:
@@ -122,3 +128,109 @@ def _verdict(found: Counter[str]) -> str:
 
 def _raised_note(raised: Counter[str], calls: int) -> str:
     return f" ({sum(raised.values())} of {calls} calls raised, see above)" if raised else ""
+
+
+def render_junit(result: RunResult) -> str:
+    """The run as JUnit XML (the Ant/Jenkins schema CI systems read): one test suite, one test
+    case per check -- failed with the count and its anomalies' one-line explanations (the first
+    :data:`JUNIT_ANOMALIES`), passed otherwise."""
+    found: dict[str, list] = {}
+    for anomaly in result.anomalies:
+        found.setdefault(anomaly.check, []).append(anomaly)
+    cases = []
+    for check, meaning in CHECKS.items():
+        anomalies = found.get(check, [])
+        lines = [
+            f"[{a.check}] ({a.session_id!r}, {a.key!r}): {a.message}"
+            for a in anomalies[:JUNIT_ANOMALIES]
+        ]
+        if len(anomalies) > JUNIT_ANOMALIES:
+            lines.append(f"... and {len(anomalies) - JUNIT_ANOMALIES} more")
+        cases.append((check, meaning, anomalies, lines))
+    return _junit(
+        f"memcheck ({result.vendor}, database {result.database})",
+        f"memcheck.{result.vendor.lower().replace(' ', '_')}",
+        result.seconds,
+        {
+            "run_id": result.run_id,
+            "database": result.database,
+            "faults": result.faults,
+            "operations": str(len(result.history.operations)),
+            "workers": str(result.config.workers),
+            "seed": str(result.config.seed),
+        },
+        [
+            (check, meaning, f"{len(anomalies)} anomalies: {anomalies[0].message}", lines)
+            if anomalies
+            else (check, meaning, None, [])
+            for check, meaning, anomalies, lines in cases
+        ],
+    )
+
+
+def render_self_test_junit(result: SelfTestResult) -> str:
+    """The self-test as JUnit XML: one test case per variant (the real store first) -- failed
+    when the real store had an anomaly or a variant slipped through, skipped when it cannot show
+    here (with the reason)."""
+    cases = []
+    for outcome in result.outcomes:
+        failure = None
+        if not outcome.passed:
+            failure = (
+                f"the real store: {outcome.example}"
+                if outcome.name == REAL
+                else "no check caught it"
+            )
+        caught = ", ".join(f"{check} ({n})" for check, n in outcome.caught.most_common())
+        lines = [f"caught by: {caught}"] if caught and outcome.name != REAL else []
+        cases.append((outcome.name, outcome.description, failure, lines))
+    return _junit(
+        f"memcheck --self-test ({result.vendor}, database {result.database})",
+        f"memcheck.selftest.{result.vendor.lower().replace(' ', '_')}",
+        result.seconds,
+        {"database": result.database, "cache": result.cache or "", "faults": result.faults},
+        cases,
+        skipped={o.name: o.reason for o in result.outcomes if not o.applicable},
+    )
+
+
+def _junit(
+    name: str,
+    classname: str,
+    seconds: float,
+    properties: dict[str, str],
+    cases: list[tuple[str, str, str | None, list[str]]],
+    skipped: dict[str, str] | None = None,
+) -> str:
+    """A JUnit document of one suite; ``cases``: (name, what it proves, the failure's message or
+    None, the failure's lines); ``skipped``: case name -> why."""
+    skipped = skipped or {}
+    root = ElementTree.Element("testsuites")
+    suite = ElementTree.SubElement(
+        root,
+        "testsuite",
+        name=name,
+        tests=str(len(cases)),
+        failures=str(sum(1 for _, _, failure, _ in cases if failure is not None)),
+        errors="0",
+        skipped=str(len(skipped)),
+        time=f"{seconds:.3f}",
+        timestamp=datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(),
+    )
+    listed = ElementTree.SubElement(suite, "properties")
+    for key, value in properties.items():
+        ElementTree.SubElement(listed, "property", name=key, value=value)
+    for case_name, meaning, failure, lines in cases:
+        case = ElementTree.SubElement(
+            suite, "testcase", name=case_name, classname=classname, time="0"
+        )
+        if case_name in skipped:
+            ElementTree.SubElement(case, "skipped", message=skipped[case_name])
+        elif failure is not None:
+            element = ElementTree.SubElement(case, "failure", message=failure, type=case_name)
+            element.text = "\n".join([meaning, *lines])
+        else:
+            ElementTree.SubElement(case, "system-out").text = "\n".join([meaning, *lines])
+    ElementTree.indent(root)
+    return ElementTree.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

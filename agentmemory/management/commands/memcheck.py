@@ -13,7 +13,12 @@ from django.db.migrations.executor import MigrationExecutor
 from ...conf import get_config
 from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
 from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
-from ...consistency.report import render_json, render_text
+from ...consistency.report import (
+    render_json,
+    render_junit,
+    render_self_test_junit,
+    render_text,
+)
 from ...consistency.runner import Progress, run_memcheck
 from ...consistency.selftest import Outcome, render_self_test, run_self_test
 from ...consistency.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
@@ -166,6 +171,12 @@ class Command(BaseCommand):
             "--history", metavar="FILE", help="save the recorded history as JSON lines"
         )
         parser.add_argument(
+            "--junit",
+            metavar="FILE",
+            help="also write the result as JUnit XML (a test case per check, or per self-test "
+            "variant) for CI systems",
+        )
+        parser.add_argument(
             "--keep", action="store_true", help="keep the run's sessions for inspection"
         )
 
@@ -176,8 +187,9 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown database alias {alias!r}", returncode=2)
         if len(set(aliases)) != len(aliases) or not all(aliases):
             raise CommandError(f"--database lists an alias twice or empty: {aliases}", returncode=2)
-        if options["history"]:
-            _check_writable(options["history"])
+        for option in ("history", "junit"):
+            if options[option]:
+                _check_writable(options[option], option)
         for alias in aliases:
             self._check_ready(alias)
         database = aliases[0]
@@ -254,6 +266,7 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(render_self_test(result))
+        _write_junit(options["junit"], render_self_test_junit(result))
         if not result.ok:
             raise SystemExit(1)
 
@@ -312,6 +325,7 @@ class Command(BaseCommand):
         self.stdout.write(
             render_json(result) if options["format"] == "json" else render_text(result)
         )
+        _write_junit(options["junit"], render_junit(result))
         if result.anomalies:
             raise SystemExit(1)
 
@@ -340,10 +354,20 @@ class Command(BaseCommand):
             raise SystemExit(1)
 
 
-def _check_writable(path: str) -> None:
-    """``--history FILE`` can be written: said before the run, not after it."""
+def _check_writable(path: str, option: str = "history") -> None:
+    """``--history FILE`` (``--junit FILE``) can be written: said before the run, not after."""
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as exc:
-        raise CommandError(f"cannot write --history {path}: {exc}", returncode=2) from exc
+        raise CommandError(f"cannot write --{option} {path}: {exc}", returncode=2) from exc
+
+
+def _write_junit(path: str | None, document: str) -> None:
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(document)
+    except OSError as exc:
+        raise CommandError(f"cannot write --junit {path}: {exc}", returncode=2) from exc
