@@ -38,6 +38,10 @@ from .retries import Retrier
 from .vendors import insert_if_missing, json_placeholder
 from .writes import UNLOCKED_GAP_SECONDS, default_ttl, one_write_at_a_time
 
+#: The names of the ``(log, seq)`` unique index (the constraint's) and of the live items' index.
+ONE_ITEM_PER_SEQ = "agentmemory_one_item_per_seq"
+LIVE_ITEMS = "agentmemory_live_items_idx"
+
 
 class LogPath:
     """Mutations and reads of the logs of one database alias, with its retries.
@@ -557,11 +561,6 @@ def _read_statement(
     return f"SELECT {columns} FROM {source} WHERE {' AND '.join(conditions)} ORDER BY {by}" + (
         " LIMIT %s" if limit else ""
     )
-
-
-#: The names of the ``(log, seq)`` unique index (the constraint's) and of the live items' index.
-ONE_ITEM_PER_SEQ = "agentmemory_one_item_per_seq"
-LIVE_ITEMS = "agentmemory_live_items_idx"
 
 
 def head_refs(vendor: str) -> int:
