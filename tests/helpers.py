@@ -124,3 +124,13 @@ def _setup_and_call(
     get_config.cache_clear()
     module, _, function = name.partition(":")
     _call(getattr(importlib.import_module(module), function), args)
+
+
+def history_ops(path: Any) -> list[dict]:
+    """The operations of a history memcheck saved (``--history``), without its last line (the
+    final state the run was checked against)."""
+    import json
+    from pathlib import Path
+
+    lines = (json.loads(line) for line in Path(path).read_text().splitlines())
+    return [line for line in lines if "record" not in line]

@@ -24,6 +24,7 @@ from agentmemory.consistency.nodes import (
 )
 
 from .conftest import run_threads
+from .helpers import history_ops
 
 NODES = ["default", "node2", "node3"]
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True, databases=NODES)]
@@ -265,7 +266,7 @@ def explained(report, history) -> str:
     keys = {(a["session_id"], a["key"]) for a in anomalies[:5]}
     lines = [json.dumps(a) for a in anomalies[:5]]
     if history is not None and history.exists():
-        ops = [json.loads(line) for line in history.read_text().splitlines()]
+        ops = history_ops(history)
         lines.append(f"history: {history} ({len(ops)} operations); on the anomalies' keys:")
         lines += [json.dumps(op) for op in ops if (op["session_id"], op["key"]) in keys][:200]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from agentmemory.consistency.pg_failover import is_ha_alias
 from agentmemory.models import Memory
 
 from .conftest import redis_alias
+from .helpers import history_ops
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +54,7 @@ def test_memcheck_json_report(tmp_path):
         "--ops", "200", "--format", "json", "--history", str(history), "--faults", "none"
     )
     report = json.loads(out)
-    ops = [json.loads(line) for line in history.read_text().splitlines()]
+    ops = history_ops(history)
     assert code == 0 and report["anomalies"] == [] and report["operations"] == len(ops)
     # 200 calls by the workers (a recall_many, remember_many or search is recorded once per key,
     # as <call id>-<key> or under one id), then two rounds of final reads of every key and log
@@ -196,9 +197,9 @@ def test_memcheck_workloads_can_be_chosen(tmp_path):
     history = tmp_path / "h.jsonl"
     code, report = run_json("--workloads", "list", "--ops", "200", "--history", str(history))
     assert code == 0, report
-    kinds = {json.loads(line)["kind"] for line in history.read_text().splitlines()}
+    kinds = {op["kind"] for op in history_ops(history)}
     assert kinds == {"append", "recall"}
-    sessions = {json.loads(line)["session_id"] for line in history.read_text().splitlines()}
+    sessions = {op["session_id"] for op in history_ops(history)}
     assert len(sessions) == 1  # no isolation workload: one session
     from django.core.management.base import CommandError
 
@@ -213,7 +214,7 @@ def test_the_history_records_where_each_read_came_from(tmp_path):
     assert code == 0, out  # the report, with its counterexamples, when the run found anything
     sources = Counter(
         op["source"]
-        for op in map(json.loads, history.read_text().splitlines())
+        for op in history_ops(history)
         if op["kind"] == "recall" and op["status"] == "ok"
     )
     assert sources["cache"] > 0 and sources["database"] > 0, sources

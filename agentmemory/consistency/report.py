@@ -66,13 +66,23 @@ def render_text(result: RunResult) -> str:
             )
     for error in result.fault_errors[:5]:
         lines.append(f"  fault not injected: {error}")
-    found = Counter(a.check for a in result.anomalies)
-    lines += ["", f"  {'check':<19} {'result':<8} what it proves"]
+    raised = result.raised
+    calls = sum(1 for op in result.history.operations if op.client != "final")
+    lines += checks_and_anomalies(result.anomalies, result.vendor, raised, calls)
+    return "\n".join(lines)
+
+
+def checks_and_anomalies(
+    anomalies: list, vendor: str = "", raised: Counter[str] | None = None, calls: int = 0
+) -> list[str]:
+    """The checks' table, the counterexamples and the RESULT line of a run (or of a recorded run
+    checked again)."""
+    raised = raised or Counter()
+    found = Counter(a.check for a in anomalies)
+    lines = ["", f"  {'check':<19} {'result':<8} what it proves"]
     for check, meaning in CHECKS.items():
         verdict = f"FAIL {found[check]}" if found[check] else "pass"
         lines.append(f"  {check:<19} {verdict:<8} {meaning}")
-    raised = result.raised
-    calls = sum(1 for op in result.history.operations if op.client != "final")
     if raised:
         lines += [
             "",
@@ -80,18 +90,18 @@ def render_text(result: RunResult) -> str:
             "answer (not anomalies: the store said it could not):",
             *(f"    {count:>6} x {cause}" for cause, count in raised.most_common(5)),
         ]
-        if result.vendor == "sqlite" and any("locked" in cause for cause in raised):
+        if vendor == "sqlite" and any("locked" in cause for cause in raised):
             lines.append(
                 "    SQLite writers that fail with 'database is locked' instead of waiting: see "
                 "system check agentmemory.W001 (OPTIONS transaction_mode IMMEDIATE, timeout)"
             )
-    if result.anomalies:
+    if anomalies:
         lines += [
             "",
-            f"{len(result.anomalies)} anomalies. Counterexamples (first {EXAMPLES_PER_CHECK} per check):",
+            f"{len(anomalies)} anomalies. Counterexamples (first {EXAMPLES_PER_CHECK} per check):",
         ]
         shown: Counter[str] = Counter()
-        for anomaly in result.anomalies:
+        for anomaly in anomalies:
             shown[anomaly.check] += 1
             if shown[anomaly.check] > EXAMPLES_PER_CHECK:
                 continue
@@ -108,7 +118,7 @@ def render_text(result: RunResult) -> str:
         lines.append("\nRESULT: " + _verdict(found) + _raised_note(raised, calls))
     else:
         lines.append("\nRESULT: no anomaly" + _raised_note(raised, calls))
-    return "\n".join(lines)
+    return lines
 
 
 def _verdict(found: Counter[str]) -> str:

@@ -27,7 +27,7 @@ from ..models import Memory
 from ..store import MemoryStore
 from . import semantic
 from .bootstrap import setup_process
-from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
+from .checker import Anomaly
 from .faults import (
     CLIENT_TIMEOUT_SECONDS,
     LOCAL_FAULTS,
@@ -37,8 +37,9 @@ from .faults import (
     fault_kinds,
 )
 from .history import History, Operation
-from .logs import check_logs, load_logs
+from .logs import load_logs
 from .nodes import client_timeouts
+from .recorded import Final
 from .redis_servers import SentinelGroup
 from .state import cached_entries, duplicate_keys, load_state
 from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
@@ -54,6 +55,8 @@ class RunResult:
     history: History
     anomalies: list[Anomaly]
     seconds: float
+    #: What the checks compared the history with (saved with it: ``memcheck --check``).
+    final: Final = field(default_factory=Final)
     retries: dict[str, int] = field(default_factory=dict)
     cache_stats: dict[str, int] = field(default_factory=dict)
     faults: str = "none"
@@ -391,10 +394,15 @@ def _run(
         for one in stores:
             retries.update(one.retries)
         state = load_state(database, sessions)
-        anomalies = duplicate_rows(duplicate_keys(database, sessions))
-        anomalies += check_history(history, state, failovers)
-        anomalies += check_logs(history.operations, load_logs(database, sessions), failovers)
-        anomalies += cache_divergence(cached_entries(store.cache, state), state)
+        final = Final(
+            state=state,
+            duplicates=duplicate_keys(database, sessions),
+            logs=load_logs(database, sessions),
+            cached=cached_entries(store.cache, state),
+            looked_at=time.time(),
+            failovers=list(failovers),
+        )
+        anomalies = final.anomalies(history)
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)
@@ -410,6 +418,7 @@ def _run(
         config=config,
         history=history,
         anomalies=anomalies,
+        final=final,
         seconds=seconds,
         retries=dict(retries),
         cache_stats=dict(store.cache.stats) if store.cache is not None else {},

@@ -11,9 +11,11 @@ from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from ...conf import get_config
+from ...consistency import recorded
 from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
 from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
 from ...consistency.report import (
+    checks_and_anomalies,
     render_json,
     render_junit,
     render_self_test_junit,
@@ -168,7 +170,16 @@ class Command(BaseCommand):
             "(default: %(default)s)",
         )
         parser.add_argument(
-            "--history", metavar="FILE", help="save the recorded history as JSON lines"
+            "--history",
+            metavar="FILE",
+            help="save the recorded history as JSON lines, with the final state it was checked "
+            "against (--check FILE checks it again)",
+        )
+        parser.add_argument(
+            "--check",
+            metavar="FILE",
+            help="check a history saved by --history again, offline (no database is touched): "
+            "the same checks on the same input",
         )
         parser.add_argument(
             "--junit",
@@ -181,6 +192,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["check"]:
+            return self._check(options["check"], options["format"])
         aliases = [a.strip() for a in (options["database"] or get_config()["DATABASE"]).split(",")]
         for alias in aliases:
             if alias not in connections.settings:
@@ -317,7 +330,7 @@ class Command(BaseCommand):
             ) from exc
         if options["history"]:
             try:
-                result.history.save(options["history"])
+                recorded.save(options["history"], result.history, result.final)
             except OSError as exc:
                 raise CommandError(
                     f"cannot write --history {options['history']}: {exc}", returncode=2
@@ -327,6 +340,39 @@ class Command(BaseCommand):
         )
         _write_junit(options["junit"], render_junit(result))
         if result.anomalies:
+            raise SystemExit(1)
+
+    def _check(self, path: str, fmt: str) -> None:
+        try:
+            history, final = recorded.load(path)
+        except OSError as exc:
+            raise CommandError(f"cannot read --check {path}: {exc}", returncode=2) from exc
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        anomalies = final.anomalies(history)
+        if fmt == "json":
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "history": path,
+                        "operations": len(history.operations),
+                        "anomalies": [a.as_dict() for a in anomalies],
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
+        else:
+            self.stdout.write(
+                "\n".join(
+                    [
+                        f"memcheck --check {path}: {len(history.operations)} operations "
+                        "recorded, checked again offline",
+                        *checks_and_anomalies(anomalies),
+                    ]
+                )
+            )
+        if anomalies:
             raise SystemExit(1)
 
     def _audit(self, database: str, fmt: str, grace: float) -> None:
