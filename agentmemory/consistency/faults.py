@@ -68,6 +68,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 from django.db.models import F
 
+from .. import clock
 from ..models import Log, Memory
 from ..records import VALUE_OPS
 from ..vendors import (
@@ -185,6 +186,9 @@ class Nemesis:
         self.nodes = list(nodes)
         self.kinds = tuple(kinds)
         self.counts: Counter[str] = Counter()
+        #: Each fault injected: (kind, started, ended), in the store's clock (POSIX seconds, as
+        #: the history's times) -- the report shades them on its plots.
+        self.windows: list[tuple[str, float, float]] = []
         self.errors: list[str] = []
         #: The failovers injected (``db-failover``): the checker tells the database's losses by
         #: them.
@@ -257,9 +261,11 @@ class Nemesis:
                 if not order:  # every kind once, in a seeded order, before any repeats
                     order = self._rng.sample(self.kinds, len(self.kinds))
                 kind = order.pop()
+                started = clock.now().timestamp()
                 try:
                     if getattr(self, "_" + kind.replace("-", "_"))():
                         self.counts[kind] += 1
+                        self.windows.append((kind, started, clock.now().timestamp()))
                 except Exception as exc:  # reported; the run goes on
                     self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
                     connections.close_all()  # a connection the fault broke: a new one next time

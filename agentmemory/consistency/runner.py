@@ -61,6 +61,8 @@ class RunResult:
     cache_stats: dict[str, int] = field(default_factory=dict)
     faults: str = "none"
     faults_injected: dict[str, int] = field(default_factory=dict)
+    #: Each fault injected: (kind, started, ended), POSIX seconds in the history's clock.
+    fault_windows: list[tuple[str, float, float]] = field(default_factory=list)
     fault_errors: list[str] = field(default_factory=list)
     #: With cache faults: the Redis memcheck started for the run (the project's was not touched).
     redis: str = ""
@@ -205,7 +207,7 @@ def _process_main(
     index: int,
     kinds: tuple[str, ...],
     defects: tuple[str, ...] = (),
-) -> tuple[list[dict], dict, dict, list[str]]:
+) -> tuple[list[dict], dict, dict, list[str], list[tuple[str, float, float]]]:
     """One ``--processes`` process: its workers all on ``database`` (its node)."""
     store = make_store(database, unsafe, Defects(defects))
     local = [kind for kind in kinds if kind in LOCAL_FAULTS]
@@ -219,6 +221,7 @@ def _process_main(
         dict(store.retries),
         dict(nemesis.counts),
         nemesis.errors,
+        nemesis.windows,
     )
 
 
@@ -346,6 +349,7 @@ def _run(
     retries: Counter[str] = Counter()
     injected: Counter[str] = Counter()
     fault_errors: list[str] = []
+    windows: list[tuple[str, float, float]] = []
     # On a cluster under node faults, a client of a stopped node gives up after a few seconds
     # (and the store retries) instead of waiting for the node forever.
     timeouts = (
@@ -370,11 +374,12 @@ def _run(
                         aliases, unsafe, run_id, config, processes, kinds, defects
                     )
                     history = History(run_id)
-                    for ops, counts, their_faults, their_errors in results:
+                    for ops, counts, their_faults, their_errors, their_windows in results:
                         history.extend([Operation(**op) for op in ops])
                         retries.update(counts)
                         injected.update(their_faults)
                         fault_errors += their_errors
+                        windows += [tuple(w) for w in their_windows]
                 else:
                     history = run_workload(
                         stores,
@@ -385,6 +390,7 @@ def _run(
                     )
             injected.update(nemesis.counts)
             fault_errors += nemesis.errors
+            windows += nemesis.windows
             failovers = nemesis.failovers
             seconds = time.monotonic() - started
             if failovers:  # this thread's connections went with the old primary
@@ -424,6 +430,7 @@ def _run(
         cache_stats=dict(store.cache.stats) if store.cache is not None else {},
         faults=faults,
         faults_injected=dict(injected),
+        fault_windows=sorted(windows, key=lambda w: w[1]),
         fault_errors=fault_errors,
         redis=redis.describe() if redis is not None else "",
     )
@@ -448,7 +455,7 @@ def _run_processes(
     processes: int,
     kinds: tuple[str, ...],
     defects: Defects = NO_DEFECTS,
-) -> list[tuple[list[dict], dict, dict, list[str]]]:
+) -> list[tuple[list[dict], dict, dict, list[str], list[tuple[str, float, float]]]]:
     """``processes`` spawned processes, process ``i`` pinned to ``aliases[i % len(aliases)]``."""
     per_process = WorkloadConfig(
         **{**asdict(config), "ops": (config.ops // processes) if config.ops else None}

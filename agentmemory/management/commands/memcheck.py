@@ -14,6 +14,7 @@ from ...conf import get_config
 from ...consistency import recorded
 from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
 from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
+from ...consistency.html import write_report
 from ...consistency.report import (
     checks_and_anomalies,
     render_json,
@@ -174,6 +175,13 @@ class Command(BaseCommand):
             metavar="FILE",
             help="save the recorded history as JSON lines, with the final state it was checked "
             "against (--check FILE checks it again)",
+        )
+        parser.add_argument(
+            "--report",
+            metavar="DIR",
+            help="also write the run as a page to look at: DIR/index.html (plots of throughput "
+            "and latency with the faults shaded, the checks, each anomaly's operations) and "
+            "DIR/history.jsonl",
         )
         parser.add_argument(
             "--check",
@@ -339,6 +347,14 @@ class Command(BaseCommand):
             render_json(result) if options["format"] == "json" else render_text(result)
         )
         _write_junit(options["junit"], render_junit(result))
+        if options["report"]:
+            try:
+                page = write_report(result, options["report"])
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot write --report {options['report']}: {exc}", returncode=2
+                ) from exc
+            self.stderr.write(f"memcheck: the report is {page}")
         if result.anomalies:
             raise SystemExit(1)
 

@@ -1,0 +1,62 @@
+"""memcheck --report DIR: the run as a page that opens from disk -- header, plots of throughput and
+latency with the faults shaded, the checks, each anomaly with its operations -- and the history
+beside it, which --check checks again."""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from agentmemory.consistency.checker import CHECKS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def memcheck(*args: str) -> int:
+    try:
+        call_command("memcheck", *args, stdout=StringIO(), stderr=StringIO())
+    except SystemExit as exit_:
+        return exit_.code
+    return 0
+
+
+def assert_self_contained(folder: Path) -> str:
+    """The page, after checking that everything it links is a file beside it (no network)."""
+    page = (folder / "index.html").read_text()
+    links = re.findall(r'(?:src|href)="([^"#]+)"', page)
+    assert links, "the page links its plots and history"
+    for link in links:
+        assert "://" not in link and (folder / link).is_file(), link
+    for plot in ("throughput.png", "latency.png"):
+        assert (folder / plot).read_bytes().startswith(PNG)
+        assert f'src="{plot}"' in page
+    return page
+
+
+def test_a_report_shows_each_anomaly_with_its_operations(tmp_path):
+    folder = tmp_path / "report"
+    assert memcheck("--ops", "600", "--unsafe", "--faults", "none", "--report", str(folder)) == 1
+    page = assert_self_contained(folder)
+    assert 'class="verdict fail"' in page and "anomalies</p>" in page
+    for check in CHECKS:
+        assert f'id="check-{check}"' in page
+    assert 'href="#anomalies-lost-update" class="fail">FAIL' in page
+    section = page[page.index('id="anomalies-lost-update"') :]
+    assert section.count('class="anomaly"') >= 1 and "<th>op</th>" in section
+    assert memcheck("--check", str(folder / "history.jsonl")) == 1
+
+
+def test_a_clean_run_with_faults_shows_their_windows(tmp_path):
+    folder = tmp_path / "report"
+    assert memcheck("--ops", "300", "--faults", "lock", "--report", str(folder)) == 0
+    page = assert_self_contained(folder)
+    assert 'class="verdict pass"' in page and "No anomaly" in page
+    windows = page[page.index('id="fault-windows"') :]
+    assert "<td>db-lock</td>" in windows
+    assert 'id="anomalies-' not in page
