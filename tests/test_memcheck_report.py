@@ -49,6 +49,10 @@ def test_a_report_shows_each_anomaly_with_its_operations(tmp_path):
     assert 'href="#anomalies-lost-update" class="fail">FAIL' in page
     section = page[page.index('id="anomalies-lost-update"') :]
     assert section.count('class="anomaly"') >= 1 and "<th>op</th>" in section
+    # Each anomaly shown has its timeline: the key's operations around it, a picture beside.
+    timelines = re.findall(r'<img src="(anomaly-[^"]+\.png)" class="timeline"', page)
+    assert timelines and "anomaly-lost-update-1.png" in timelines
+    assert all((folder / name).read_bytes().startswith(PNG) for name in timelines)
     assert memcheck("--check", str(folder / "history.jsonl")) == 1
 
 

@@ -45,15 +45,29 @@ def write_report(result: RunResult, folder: str | Path) -> Path:
     failed = defaultdict(list)
     for anomaly in result.anomalies:
         failed[anomaly.check].append(anomaly)
-    sections = [
-        {
-            "check": check,
-            "meaning": CHECKS.get(check, ""),
-            "count": len(anomalies),
-            "anomalies": [_anomaly(a, start) for a in anomalies[:ANOMALIES_SHOWN]],
-        }
-        for check, anomalies in failed.items()
-    ]
+    keyed = result.history.by_key()
+    sections = []
+    for check, anomalies in failed.items():
+        shown = []
+        for number, anomaly in enumerate(anomalies[:ANOMALIES_SHOWN]):
+            entry = _anomaly(anomaly, start)
+            if plots:
+                entry["timeline"] = _timeline(
+                    anomaly,
+                    keyed.get((anomaly.session_id, anomaly.key), []),
+                    result.fault_windows,
+                    start,
+                    folder / f"anomaly-{check}-{number + 1}.png",
+                )
+            shown.append(entry)
+        sections.append(
+            {
+                "check": check,
+                "meaning": CHECKS.get(check, ""),
+                "count": len(anomalies),
+                "anomalies": shown,
+            }
+        )
     data = result.as_dict()
     page = Engine(dirs=[str(TEMPLATES)], autoescape=True).get_template("report.html")
     html = page.render(
@@ -159,3 +173,78 @@ def _plots(ops: list, start: float, windows: list, folder: Path) -> list[dict[st
         plt.close(figure)
         made.append({"file": path.name, "title": title})
     return made
+
+
+#: Seconds of the key's history drawn on each side of an anomaly's operations.
+TIMELINE_MARGIN = 0.3
+#: Kinds drawn as writes besides the history's write kinds (WRITE_KINDS).
+WRITING = frozenset({"forget", "erase", "log-append", "log-retry", "log-pop", "log-clear"})
+#: Most operations drawn on one timeline (the ones nearest the anomaly's).
+TIMELINE_OPS = 60
+
+
+def _timeline(anomaly: Any, ops: list, windows: list, start: float, path: Path) -> str | None:
+    """A picture of the key's operations around ``anomaly``: a row per client, a bar per call
+    from invocation to completion (writes, reads, failed and unknown calls told apart), each
+    labelled with the version it wrote or read, the fault windows shaded, and the anomaly's own
+    operations outlined in red. Returns the file's name (None: nothing to draw)."""
+    import matplotlib.pyplot as plt
+
+    involved = {op["id"] for op in anomaly.operations}
+    times = [
+        t
+        for op in anomaly.operations
+        for t in (op["invoked_at"], op["completed_at"] or op["invoked_at"])
+    ]
+    if not times:
+        return None
+    low, high = min(times) - TIMELINE_MARGIN, max(times) + TIMELINE_MARGIN
+    near = [op for op in ops if (op.completed_at or op.invoked_at) >= low and op.invoked_at <= high]
+    near.sort(key=lambda op: (op.id not in involved, abs(op.invoked_at - min(times))))
+    near = sorted(near[:TIMELINE_OPS], key=lambda op: op.invoked_at)
+    if not near:
+        return None
+    clients = sorted({op.client for op in near})
+    row = {client: number for number, client in enumerate(clients)}
+    figure, axes = plt.subplots(figsize=(11, 0.5 + 0.45 * len(clients)), dpi=100)
+    for kind, began, ended in windows:
+        if ended >= low and began <= high:
+            axes.axvspan(began - start, ended - start, color="tab:red", alpha=0.12)
+            axes.text(began - start, len(clients) - 0.4, kind, fontsize=7, color="tab:red")
+    for op in near:
+        ended = op.completed_at or high
+        color = (
+            "#9e9e9e"
+            if op.status != "ok"
+            else "#1565c0"
+            if op.is_write or op.kind in WRITING
+            else "#2e7d32"
+        )
+        mine = op.id in involved
+        axes.barh(
+            row[op.client],
+            max(ended - op.invoked_at, 0.0005),
+            left=op.invoked_at - start,
+            height=0.6,
+            color=color,
+            edgecolor="#b71c1c" if mine else color,
+            linewidth=2.5 if mine else 0.5,
+        )
+        label = op.kind + (f" v{op.version}" if op.version is not None else "")
+        if op.kind == "cas" and op.expected_version is not None:
+            label += f" (expected v{op.expected_version})"
+        if op.status != "ok":
+            label += f" ({op.status})"
+        axes.text(op.invoked_at - start, row[op.client] + 0.36, label, fontsize=6.5)
+    axes.set_yticks(range(len(clients)), clients, fontsize=7)
+    axes.set_xlim(low - start, high - start)
+    axes.set_ylim(-0.6, len(clients) - 0.1)
+    axes.set_xlabel(
+        "seconds since the run began (blue: writes, green: reads, grey: failed or "
+        "unknown; outlined in red: the anomaly's operations)",
+        fontsize=8,
+    )
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path.name
