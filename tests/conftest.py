@@ -98,3 +98,32 @@ def _no_connection_left_open(django_db_setup, django_db_blocker):
             others = cursor.fetchall()
     threads = [t.name for t in threading.enumerate()]
     assert not others, f"connections left open on the test database: {others}; threads {threads}"
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser():
+    """Debian's Chromium, headless, driven by Selenium through its ChromeDriver (no browser
+    download: both paths are given). A machine without them fails the test, saying so."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed: scripts/bootstrap.sh installs them")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+        "--allow-file-access-from-files",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()

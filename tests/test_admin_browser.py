@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -20,27 +17,6 @@ from agentmemory import MemoryStore
 from .conftest import redis_alias
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-@pytest.fixture
-def browser():
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed: scripts/bootstrap.sh installs them")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(5)
-    yield driver
-    driver.quit()
 
 
 def navigate(browser, act):

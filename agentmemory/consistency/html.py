@@ -235,7 +235,13 @@ def _timeline(anomaly: Any, ops: list, windows: list, start: float, path: Path) 
             label += f" (expected v{op.expected_version})"
         if op.status != "ok":
             label += f" ({op.status})"
-        axes.text(op.invoked_at - start, row[op.client] + 0.36, label, fontsize=6.5)
+        axes.text(
+            max(op.invoked_at, low) - start,
+            row[op.client] + 0.36,
+            label,
+            fontsize=6.5,
+            clip_on=True,
+        )
     axes.set_yticks(range(len(clients)), clients, fontsize=7)
     axes.set_xlim(low - start, high - start)
     axes.set_ylim(-0.6, len(clients) - 0.1)
