@@ -64,3 +64,25 @@ def test_a_clean_run_with_faults_shows_their_windows(tmp_path):
     windows = page[page.index('id="fault-windows"') :]
     assert "<td>db-lock</td>" in windows
     assert 'id="anomalies-' not in page
+
+
+def test_the_self_test_report_says_which_check_caught_each_variant(settings, tmp_path):
+    from agentmemory.consistency.html import write_self_test_report
+    from agentmemory.consistency.selftest import run_self_test
+    from agentmemory.consistency.workloads import WorkloadConfig
+    from agentmemory.defects import Defect
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE": None}
+    result = run_self_test(
+        ["default"],
+        WorkloadConfig(ops=300, workloads=("register",)),
+        faults="none",
+        attempts=1,
+        defects=[Defect.SKIPPED_VERSION, Defect.TTL_KEPT_ON_OVERWRITE, Defect.LOST_CACHE_UPDATE],
+    )
+    page = write_self_test_report(result, tmp_path / "self-test").read_text()
+    rows = re.findall(r'<tr id="variant-\d+">(.*?)</tr>', page, re.DOTALL)
+    assert len(rows) == 4 and "(the real store)" in rows[0] and ">pass<" in rows[0]
+    assert "skipped-version" in rows[1] and ">caught<" in rows[1] and "version-gap" in rows[1]
+    assert ">MISSED<" in rows[2] and ">n/a<" in rows[3] and "no cache tier" in rows[3]
+    assert "Self-test FAILED" in page  # a variant slipped through

@@ -254,3 +254,17 @@ def _timeline(anomaly: Any, ops: list, windows: list, start: float, path: Path) 
     figure.savefig(path)
     plt.close(figure)
     return path.name
+
+
+def write_self_test_report(result: Any, folder: str | Path) -> Path:
+    """The self-test as a page (``memcheck --self-test --report DIR``): each variant -- the real
+    store first -- with what it breaks, its verdict, its runs, which checks caught it and the
+    first anomaly they found."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    page = Engine(dirs=[str(TEMPLATES)], autoescape=True).get_template("self_test.html")
+    index = folder / "index.html"
+    # A Counter answers any key (0), so the template gets its checks as a list.
+    rows = [(outcome, outcome.caught.most_common()) for outcome in result.outcomes]
+    index.write_text(page.render(Context({"result": result, "rows": rows})), encoding="utf-8")
+    return index

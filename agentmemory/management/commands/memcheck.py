@@ -14,7 +14,7 @@ from ...conf import get_config
 from ...consistency import recorded
 from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
 from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
-from ...consistency.html import write_report
+from ...consistency.html import write_report, write_self_test_report
 from ...consistency.report import (
     checks_and_anomalies,
     render_json,
@@ -288,6 +288,14 @@ class Command(BaseCommand):
         else:
             self.stdout.write(render_self_test(result))
         _write_junit(options["junit"], render_self_test_junit(result))
+        if options["report"]:
+            try:
+                page = write_self_test_report(result, options["report"])
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot write --report {options['report']}: {exc}", returncode=2
+                ) from exc
+            self.stderr.write(f"memcheck: the report is {page}")
         if not result.ok:
             raise SystemExit(1)
 
