@@ -2,11 +2,11 @@
 .PHONY: memcheck test matrix demo bench bench-quick lint docs
 
 # The main job: memcheck on the embedded SQLite default (installs no browser: only `make test`'s
-# admin browser test needs one).
+# browser tests need one). `make memcheck REPORT=out/memcheck` also writes the run as a page.
 memcheck:
 	@bash scripts/bootstrap.sh
 	@.venv/bin/python manage.py migrate --verbosity 0
-	@.venv/bin/python manage.py memcheck
+	@.venv/bin/python manage.py memcheck $(if $(REPORT),--report $(REPORT))
 
 # The whole test suite on SQLite, MariaDB and PostgreSQL (starts the servers if they are down).
 test:

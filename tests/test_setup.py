@@ -28,9 +28,9 @@ def plan(*args: str) -> str:
     return done.stdout
 
 
-def make_dry_run(target: str) -> str:
+def make_dry_run(target: str, *variables: str) -> str:
     done = subprocess.run(
-        ["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "-n", target, *variables], cwd=ROOT, capture_output=True, text=True, check=True
     )
     return done.stdout
 
@@ -51,3 +51,10 @@ def test_an_unknown_bootstrap_argument_is_refused():
     with pytest.raises(subprocess.CalledProcessError) as refused:
         plan("--brwoser")
     assert refused.value.returncode == 2 and "--brwoser" in refused.value.stderr
+
+
+def test_make_memcheck_writes_a_report_when_asked_for_one():
+    assert "--report" not in make_dry_run("memcheck")
+    assert "manage.py memcheck --report out/memcheck" in make_dry_run(
+        "memcheck", "REPORT=out/memcheck"
+    )
