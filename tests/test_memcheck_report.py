@@ -86,3 +86,18 @@ def test_the_self_test_report_says_which_check_caught_each_variant(settings, tmp
     assert "skipped-version" in rows[1] and ">caught<" in rows[1] and "version-gap" in rows[1]
     assert ">MISSED<" in rows[2] and ">n/a<" in rows[3] and "no cache tier" in rows[3]
     assert "Self-test FAILED" in page  # a variant slipped through
+
+
+def test_a_cluster_run_plots_each_nodes_throughput(tmp_path):
+    """On a cluster (the Galera and PostgreSQL HA suites: aliases default, node2, ...) each
+    node's throughput is plotted too; on one server there is no such plot."""
+    from django.db import connections
+
+    from agentmemory.consistency.html import write_report
+    from agentmemory.consistency.runner import run_memcheck
+    from agentmemory.consistency.workloads import WorkloadConfig
+
+    aliases = ["default", *[a for a in connections.settings if a.startswith("node")]]
+    result = run_memcheck(aliases, WorkloadConfig(ops=200), faults="none")
+    page = write_report(result, tmp_path / "report").read_text()
+    assert ('src="nodes.png"' in page) == (len(aliases) > 1)

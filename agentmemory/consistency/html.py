@@ -3,8 +3,8 @@ disk with no network, its plots beside it, and the history (``history.jsonl``, w
 checks again) beside them.
 
 The page: the run's header (database, nodes, cache, workers, seed, duration, operations, result);
-throughput and latency over time per kind of operation, every injected fault a shaded window
-labelled with its kind; the checks' table; and for each check that failed its first
+throughput and latency over time per kind of operation (and throughput per node on a cluster),
+every injected fault a shaded window labelled with its kind; the checks' table; and for each check that failed its first
 :data:`ANOMALIES_SHOWN` anomalies, each with the operations that make it one. Plots by matplotlib;
 the page by Django's template engine (an engine of its own: the project's template settings play
 no part).
@@ -128,13 +128,17 @@ def _plots(ops: list, start: float, windows: list, folder: Path) -> list[dict[st
     for op in ops:
         by_kind[op.kind if op.kind in kinds else "other"].append(op)
     made = []
-    for name, title in (
-        ("throughput", "operations completed per second"),
-        ("latency", "latency (ms)"),
-    ):
+    by_node: dict[str, list[Any]] = defaultdict(list)
+    for op in ops:
+        by_node[op.node or "?"].append(op)
+    charts = [("throughput", "operations completed per second"), ("latency", "latency (ms)")]
+    if len(by_node) > 1:  # a cluster: each node's throughput too
+        charts.append(("nodes", "operations completed per second, per node"))
+    for name, title in charts:
         figure, axes = plt.subplots(figsize=(11, 3.6), dpi=100)
-        for kind, group in sorted(by_kind.items(), key=lambda item: -len(item[1])):
-            if name == "throughput":
+        groups = by_node if name == "nodes" else by_kind
+        for kind, group in sorted(groups.items(), key=lambda item: -len(item[1])):
+            if name in ("throughput", "nodes"):
                 series = [0] * bins
                 for op in group:
                     series[int((op.completed_at - start) / width)] += 1
