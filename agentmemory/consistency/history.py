@@ -6,8 +6,7 @@ Times are the store's clock (``agentmemory.clock``) as POSIX seconds, so they co
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Status = Literal["ok", "fail", "info"]  # info: indeterminate, the write may or may not have applied
@@ -85,8 +84,3 @@ class History:
         for op in sorted(self.operations, key=lambda o: o.invoked_at):
             keyed.setdefault((op.session_id, op.key), []).append(op)
         return keyed
-
-    def save(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as out:
-            for op in self.operations:
-                out.write(json.dumps(asdict(op), default=str) + "\n")
