@@ -4,9 +4,9 @@ Sessions:
 
 - ``tests(python, django)``: the SQLite suite, Redis on, for every supported pair -- Django 5.2 LTS
   on Python 3.11, 3.12 and 3.13; Django 6.0 and 6.1 on 3.12 and 3.13 (Django 6 needs 3.12). The
-  package is installed as a user would (``django-agentmemory[redis,testing,search]`` from this checkout,
-  plus the suite's own tools), with nothing overridden: pip resolves Django within the declared
-  range.
+  package is installed as a user would (``django-agentmemory[redis,testing,search,report]`` from
+  this checkout, plus the suite's own tools), with nothing overridden: pip resolves Django within
+  the declared range.
 - ``servers``: the whole suite on every server (``scripts/test.sh``) on the default pair.
 - ``lint``: ruff.
 - ``package``: sdist and wheel (``python -m build``), ``twine check``, then the wheel installed into
@@ -38,8 +38,8 @@ PAIRS = [
 ]
 DEFAULT = ("3.11", "5.2")
 PYTHONS = sorted({python for python, _ in PAIRS})
-#: The suite's own tools, beside django-agentmemory[redis,testing,search]: settings from a URL, the
-#: browser test, the LangGraph adapter's tests, and both server drivers (the SQLite suite still
+#: The suite's own tools, beside django-agentmemory[redis,testing,search,report]: settings from a
+#: URL, the browser test, the LangGraph adapter's tests, and both server drivers (the SQLite suite still
 #: classifies their exceptions: which MariaDB, TiDB and PostgreSQL errors are retried).
 SUITE_TOOLS = [
     "dj-database-url>=2.1",
@@ -110,7 +110,7 @@ def tests(session: nox.Session, django: str) -> None:
     # Django X.Y as a constraint, not an override: agentmemory's own range must admit it.
     constraints = Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"Django~={django}.0\n")
-    session.install("-c", str(constraints), ".[redis,testing,search]", *SUITE_TOOLS)
+    session.install("-c", str(constraints), ".[redis,testing,search,report]", *SUITE_TOOLS)
     session.run(
         "python", "-c", "import django, sys; print('Django', django.get_version(), sys.version)"
     )
