@@ -134,3 +134,17 @@ def history_ops(path: Any) -> list[dict]:
 
     lines = (json.loads(line) for line in Path(path).read_text().splitlines())
     return [line for line in lines if "record" not in line]
+
+
+def run_memcheck(*args: str) -> tuple[int, str]:
+    """``manage.py memcheck`` with these arguments: its exit code and standard output."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    try:
+        call_command("memcheck", *args, stdout=out, stderr=StringIO())
+    except SystemExit as exit_:
+        return exit_.code, out.getvalue()
+    return 0, out.getvalue()

@@ -14,21 +14,12 @@ from agentmemory.consistency.pg_failover import is_ha_alias
 from agentmemory.models import Memory
 
 from .conftest import redis_alias
-from .helpers import history_ops
+from .helpers import history_ops, run_memcheck
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run(*args):
-    from io import StringIO
-
-    out, err = StringIO(), StringIO()
-    try:
-        call_command("memcheck", *args, stdout=out, stderr=err)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, out.getvalue()
+run = run_memcheck
 
 
 def test_memcheck_passes_on_the_locked_path_and_cleans_up(settings):

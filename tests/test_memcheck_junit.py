@@ -5,7 +5,6 @@ document is checked against the Ant/Jenkins JUnit schema's rules by parsing it."
 from __future__ import annotations
 
 import re
-from io import StringIO
 from xml.etree import ElementTree
 
 import pytest
@@ -16,6 +15,8 @@ from agentmemory.consistency.report import render_self_test_junit
 from agentmemory.consistency.selftest import REAL, run_self_test
 from agentmemory.consistency.workloads import WorkloadConfig
 from agentmemory.defects import Defect
+
+from .helpers import run_memcheck
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,11 +58,7 @@ def valid_junit(text: str) -> ElementTree.Element:
 
 
 def memcheck(*args: str) -> int:
-    try:
-        call_command("memcheck", *args, stdout=StringIO(), stderr=StringIO())
-    except SystemExit as exit_:
-        return exit_.code
-    return 0
+    return run_memcheck(*args)[0]
 
 
 def test_a_clean_run_is_one_passing_case_per_check(tmp_path):

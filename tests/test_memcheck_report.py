@@ -5,13 +5,13 @@ beside it, which --check checks again."""
 from __future__ import annotations
 
 import re
-from io import StringIO
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
 
 from agentmemory.consistency.checker import CHECKS
+
+from .helpers import run_memcheck
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,11 +19,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def memcheck(*args: str) -> int:
-    try:
-        call_command("memcheck", *args, stdout=StringIO(), stderr=StringIO())
-    except SystemExit as exit_:
-        return exit_.code
-    return 0
+    return run_memcheck(*args)[0]
 
 
 def assert_self_contained(folder: Path) -> str:

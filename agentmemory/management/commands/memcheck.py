@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -287,15 +289,7 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(render_self_test(result))
-        _write_junit(options["junit"], render_self_test_junit(result))
-        if options["report"]:
-            try:
-                page = write_self_test_report(result, options["report"])
-            except OSError as exc:
-                raise CommandError(
-                    f"cannot write --report {options['report']}: {exc}", returncode=2
-                ) from exc
-            self.stderr.write(f"memcheck: the report is {page}")
+        self._write_extras(options, result, render_self_test_junit, write_self_test_report)
         if not result.ok:
             raise SystemExit(1)
 
@@ -354,17 +348,29 @@ class Command(BaseCommand):
         self.stdout.write(
             render_json(result) if options["format"] == "json" else render_text(result)
         )
-        _write_junit(options["junit"], render_junit(result))
-        if options["report"]:
-            try:
-                page = write_report(result, options["report"])
-            except OSError as exc:
-                raise CommandError(
-                    f"cannot write --report {options['report']}: {exc}", returncode=2
-                ) from exc
-            self.stderr.write(f"memcheck: the report is {page}")
+        self._write_extras(options, result, render_junit, write_report)
         if result.anomalies:
             raise SystemExit(1)
+
+    def _write_extras(
+        self,
+        options: dict[str, Any],
+        result: Any,
+        junit: Callable[[Any], str],
+        report: Callable[[Any, str], Path],
+    ) -> None:
+        """``--junit FILE`` and ``--report DIR`` of a run or a self-test, when asked for."""
+        where = ""
+        try:
+            if options["junit"]:
+                where = f"--junit {options['junit']}"
+                Path(options["junit"]).write_text(junit(result), encoding="utf-8")
+            if options["report"]:
+                where = f"--report {options['report']}"
+                page = report(result, options["report"])
+                self.stderr.write(f"memcheck: the report is {page}")
+        except OSError as exc:
+            raise CommandError(f"cannot write {where}: {exc}", returncode=2) from exc
 
     def _check(self, path: str, fmt: str) -> None:
         try:
@@ -431,13 +437,3 @@ def _check_writable(path: str, option: str = "history") -> None:
             pass
     except OSError as exc:
         raise CommandError(f"cannot write --{option} {path}: {exc}", returncode=2) from exc
-
-
-def _write_junit(path: str | None, document: str) -> None:
-    if not path:
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(document)
-    except OSError as exc:
-        raise CommandError(f"cannot write --junit {path}: {exc}", returncode=2) from exc
