@@ -39,12 +39,14 @@ PAIRS = [
 DEFAULT = ("3.11", "5.2")
 PYTHONS = sorted({python for python, _ in PAIRS})
 #: The suite's own tools, beside django-agentmemory[redis,testing,search,report]: settings from a
-#: URL, the browser test, the LangGraph adapter's tests, and both server drivers (the SQLite suite still
+#: URL, the browser test, the LangGraph adapters' tests (and LangGraph's checkpointer conformance suite), and both server drivers (the SQLite suite still
 #: classifies their exceptions: which MariaDB, TiDB and PostgreSQL errors are retried).
 SUITE_TOOLS = [
     "dj-database-url>=2.1",
     "selenium>=4.20",
-    "langgraph>=0.6",
+    "langgraph>=1.0",
+    "langgraph-checkpoint>=4.3",
+    "langgraph-checkpoint-conformance>=0.0.2",
     "openai-agents>=0.24",
     "google-adk>=2.13",
     "mysqlclient>=2.2",

@@ -8,6 +8,7 @@ __version__ = "0.5.0"
 
 from .errors import (
     AgentMemoryError,
+    CheckpointConflict,
     EmbeddingFailed,
     InvalidMemory,
     MemoryUnavailable,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentMemoryError",
+    "CheckpointConflict",
     "EmbeddingFailed",
     "Index",
     "InvalidMemory",

@@ -21,6 +21,28 @@ class VersionConflict(AgentMemoryError):
         )
 
 
+class CheckpointConflict(AgentMemoryError):
+    """A checkpoint was put as the child of ``parent`` by a writer that had loaded the chain's
+    latest checkpoint, but another writer extended the chain first (its latest is now
+    ``latest``): storing it would fork the chain silently. Nothing was written. Reload the
+    thread's state and run the step again -- or, to branch on purpose, put from a checkpoint
+    asked for by its id (LangGraph's time travel)."""
+
+    def __init__(
+        self, thread_id: str, checkpoint_ns: str, *, parent: str, latest: str | None
+    ) -> None:
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.parent = parent
+        self.latest = latest
+        chain = f"thread {thread_id!r}" + (f" namespace {checkpoint_ns!r}" if checkpoint_ns else "")
+        super().__init__(
+            f"checkpoint conflict on {chain}: this writer extends checkpoint {parent!r}, but "
+            f"another writer extended the chain first (its latest checkpoint is {latest!r}); "
+            "nothing was written"
+        )
+
+
 class InvalidMemory(AgentMemoryError, ValueError):
     """An argument broke a rule of the contract; the message names the field and the limit."""
 

@@ -17,7 +17,15 @@ from django.utils import timezone
 from . import clock
 from .fields import ExactCharField
 from .records import LogOp, Op
-from .validation import IDEMPOTENCY_KEY_MAX, KEY_MAX, SESSION_ID_MAX, visible
+from .validation import (
+    CHECKPOINT_NAME_MAX,
+    CHECKPOINT_NS_MAX,
+    IDEMPOTENCY_KEY_MAX,
+    KEY_MAX,
+    SESSION_ID_MAX,
+    THREAD_ID_MAX,
+    visible,
+)
 
 
 class MemoryState(models.TextChoices):
@@ -237,3 +245,114 @@ class LogEvent(models.Model):
 
     def __str__(self) -> str:
         return f"e{self.version} {self.op} #{self.first_seq}-{self.last_seq}"
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+
+class CheckpointThread(models.Model):
+    """The head of one checkpoint chain, ``(thread_id, checkpoint_ns)``: one row, ever, as a log's
+    head. Every ``put`` and ``put_writes`` of the chain locks it (insert-if-missing, then
+    ``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``), so that a put can compare its parent
+    with the chain's latest checkpoint and write in one step: two writers that loaded the same
+    latest checkpoint never both extend it."""
+
+    id = models.BigAutoField(primary_key=True)
+    thread_id = ExactCharField(max_length=THREAD_ID_MAX)
+    checkpoint_ns = ExactCharField(max_length=CHECKPOINT_NS_MAX, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["thread_id", "checkpoint_ns"], name="agentmemory_one_head_per_chain"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        ns = f" [{visible(self.checkpoint_ns)}]" if self.checkpoint_ns else ""
+        return f"{visible(self.thread_id)}{ns}"
+
+
+class Checkpoint(models.Model):
+    """One checkpoint of a chain, as LangGraph's serializer wrote it: the checkpoint without its
+    channel values (they are :class:`CheckpointBlob` rows, one per channel version, shared by the
+    checkpoints that did not change them) and its metadata."""
+
+    id = models.BigAutoField(primary_key=True)
+    thread = models.ForeignKey(
+        CheckpointThread, on_delete=models.CASCADE, related_name="checkpoints"
+    )
+    checkpoint_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
+    parent_checkpoint_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX, null=True, blank=True)
+    type = models.CharField(max_length=32)
+    checkpoint = models.BinaryField()
+    metadata_type = models.CharField(max_length=32)
+    metadata = models.BinaryField()
+    # The metadata's run_id, for delete_for_runs (None: the metadata has none).
+    run_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX, null=True, blank=True)
+    # channel -> version (as a string): which blob holds each channel's value.
+    channel_versions = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # Also the order of a chain: checkpoint ids increase with time (LangGraph's uuid6),
+            # so the latest is the greatest, found from the end of this index.
+            models.UniqueConstraint(
+                fields=["thread", "checkpoint_id"], name="agentmemory_one_checkpoint_per_id"
+            ),
+        ]
+        indexes = [models.Index(fields=["run_id"], name="agentmemory_checkpoint_run_idx")]
+
+    def __str__(self) -> str:
+        return self.checkpoint_id
+
+
+class CheckpointBlob(models.Model):
+    """The value of one channel at one version, written by the first checkpoint that had it."""
+
+    id = models.BigAutoField(primary_key=True)
+    thread = models.ForeignKey(CheckpointThread, on_delete=models.CASCADE, related_name="blobs")
+    channel = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
+    version = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
+    type = models.CharField(max_length=32)
+    blob = models.BinaryField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["thread", "channel", "version"], name="agentmemory_one_blob_per_version"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{visible(self.channel)}@{self.version}"
+
+
+class CheckpointWrite(models.Model):
+    """A pending write of a task, made after a checkpoint (``checkpoint_id``: the checkpoint it
+    follows; it need not be stored yet) and before the next: stored once per ``(task_id, idx)``,
+    so a task's writes saved twice are saved once."""
+
+    id = models.BigAutoField(primary_key=True)
+    thread = models.ForeignKey(CheckpointThread, on_delete=models.CASCADE, related_name="writes")
+    checkpoint_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
+    task_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
+    idx = models.BigIntegerField()
+    task_path = models.TextField(blank=True)
+    channel = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
+    type = models.CharField(max_length=32)
+    blob = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["thread", "checkpoint_id", "task_id", "idx"],
+                name="agentmemory_one_write_per_index",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}[{self.idx}] {visible(self.channel)}"

@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from . import aio, validation
 from .cache import MemoryCache
+from .checkpoints import CheckpointPath
 from .conf import get_config
 from .defects import Defect, Defects
 from .errors import InvalidMemory
@@ -91,6 +92,9 @@ class MemoryStore:
         )
         self._reads = ReadPath(self.using, self.cache, self._retrier, defects=self.defects)
         self._logs = LogPath(self.using, self._retrier, row_lock=row_lock, defects=self.defects)
+        #: The checkpoint chains of this database (LangGraph's checkpointer stores through it:
+        #: :class:`~agentmemory.integrations.langgraph.AgentMemorySaver`).
+        self.checkpoints = CheckpointPath(self.using, self._retrier, row_lock=row_lock)
         self._search: SearchEngine | None = (
             SearchEngine(self.using, self.index, self._reads, self._writes, defects=self.defects)
             if self.index is not None

@@ -15,6 +15,13 @@ from .errors import InvalidMemory
 SESSION_ID_MAX = 128
 KEY_MAX = 255
 IDEMPOTENCY_KEY_MAX = 64
+#: Longest LangGraph ``thread_id`` and ``checkpoint_ns`` (a nested subgraph's namespace is
+#: ``outer:<task id>|inner:<task id>``, about 40 characters a level). Together they fit the MySQL
+#: family's 3,072-byte index key (4 bytes a character).
+THREAD_ID_MAX = 255
+CHECKPOINT_NS_MAX = 500
+#: Longest checkpoint id, channel name, channel version and task id.
+CHECKPOINT_NAME_MAX = 255
 #: Shortest TTL: Redis keeps expiries in milliseconds, and a shorter one would round to "never".
 TTL_MIN_SECONDS = 0.001
 #: Longest TTL: 100 years, far inside every backend's date range (and Python's).

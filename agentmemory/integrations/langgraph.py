@@ -17,11 +17,9 @@ returns (:meth:`agentmemory.MemoryStore.search`). Without an index, ``search(que
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -51,6 +49,8 @@ from ..semantic import FILTER_FIELD, Index, matches
 from ..store import MemoryStore
 from ..validation import SESSION_ID_MAX
 from ..vendors import prefix_filter
+from .langgraph_saver import AgentMemorySaver
+from .threads import released
 
 PREFIX = "lg:"
 
@@ -115,38 +115,13 @@ class AgentMemoryStore(BaseStore):
         with self._released("batch"):
             return self._batch(ops)
 
-    @contextmanager
-    def _released(self, method: str) -> Iterator[None]:
-        """LangGraph runs nodes in its own worker threads, where Django never ends a request:
-        their connections are released after each call as a request's would be (CONN_MAX_AGE
-        decides whether that closes them).
-
-        A synchronous call on a running event loop would block it on the database: refused as
-        LangGraph's own async stores refuse it (``asyncio.InvalidStateError``), naming the
-        ``a``-method to await instead."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass  # no loop in this thread: a synchronous caller, as it should be
-        else:
-            use = (
-                "`await store.aget(...)`, `aput`, `asearch`, `adelete`, `alist_namespaces`, "
-                "`abatch`"
-                if method == "batch"
-                else f"`await store.a{method}(...)`"
-            )
-            raise asyncio.InvalidStateError(
-                f"Synchronous calls to {type(self).__name__} detected in a running event loop: "
-                f"they would block it on the database. Use the asynchronous interface: {use}."
-            )
-        try:
-            yield
-        finally:
-            connection = connections[self.store.using]
-            if threading.current_thread() is not threading.main_thread() and not (
-                connection.in_atomic_block
-            ):
-                connection.close_if_unusable_or_obsolete()
+    def _released(self, method: str) -> AbstractContextManager[None]:
+        use = (
+            "`await store.aget(...)`, `aput`, `asearch`, `adelete`, `alist_namespaces`, `abatch`"
+            if method == "batch"
+            else f"`await store.a{method}(...)`"
+        )
+        return released(type(self).__name__, self.store.using, use)
 
     def _batch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)
@@ -441,7 +416,15 @@ def _matches_path(namespace: tuple[str, ...], path: tuple[str, ...], kind: str) 
     return all(p == "*" or p == n for p, n in zip(path, part, strict=True))
 
 
-__all__ = ["DISTANCES", "AgentMemoryStore", "index_of", "matches", "namespace_of", "session_of"]
+__all__ = [
+    "DISTANCES",
+    "AgentMemorySaver",
+    "AgentMemoryStore",
+    "index_of",
+    "matches",
+    "namespace_of",
+    "session_of",
+]
 
 
 def _check_page(limit: Any, offset: Any) -> None:
