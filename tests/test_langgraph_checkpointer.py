@@ -1,0 +1,313 @@
+"""AgentMemorySaver beyond LangGraph's conformance suite (tests/test_langgraph_conformance.py): what
+concurrent writers of one thread may and may not do to its checkpoint chain, on real threads, and
+real LangGraph graphs run on 20 threads with parallel nodes, interrupts and resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import threading
+from collections import Counter
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from agentmemory import CheckpointConflict, InvalidMemory, MemoryStore, aio
+from agentmemory.integrations.langgraph import AgentMemorySaver
+from agentmemory.integrations.langgraph_saver import EXPECT
+
+from .conftest import run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROUNDS = 10
+
+
+@pytest.fixture
+def saver() -> AgentMemorySaver:
+    return AgentMemorySaver()
+
+
+def config(thread: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+    configurable = {"thread_id": thread, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def put_step(saver: AgentMemorySaver, loaded: dict[str, Any], value: Any) -> dict[str, Any]:
+    """Put the next checkpoint after the one ``loaded`` names, as LangGraph's loop does: the
+    loaded tuple's config, with one channel changed."""
+    checkpoint = empty_checkpoint()
+    version = saver.get_next_version(None, None)
+    checkpoint["channel_values"] = {"value": value}
+    checkpoint["channel_versions"] = {"value": version}
+    metadata = {"source": "loop", "step": 0, "parents": {}}
+    return saver.put(loaded, checkpoint, metadata, {"value": version})
+
+
+def children(saver: AgentMemorySaver, thread: str) -> Counter[str]:
+    """How many checkpoints of the thread name each checkpoint as their parent."""
+    return Counter(
+        found.parent_config["configurable"]["checkpoint_id"]
+        for found in saver.list(config(thread))
+        if found.parent_config is not None
+    )
+
+
+def race_two_writers(saver: AgentMemorySaver, thread: str) -> list[Any]:
+    """Two writers load the thread's latest checkpoint, then both put its child."""
+    both_loaded = threading.Barrier(2)
+
+    def writer(i: int) -> Any:
+        loaded = saver.get_tuple(config(thread))
+        both_loaded.wait(timeout=30)
+        try:
+            return put_step(saver, loaded.config, f"writer {i}")
+        except CheckpointConflict as conflict:
+            return conflict
+
+    return run_threads(writer, 2)
+
+
+# ---------------------------------------------------------------------- the fork rule
+
+
+def test_two_writers_extending_one_latest_checkpoint_never_fork(saver):
+    for round_ in range(ROUNDS):
+        thread = f"race-{round_}"
+        put_step(saver, config(thread), "root")
+        outcomes = race_two_writers(saver, thread)
+        conflicts = [o for o in outcomes if isinstance(o, CheckpointConflict)]
+        assert len(conflicts) == 1, outcomes
+        winner = next(o for o in outcomes if not isinstance(o, CheckpointConflict))
+        assert conflicts[0].latest == winner["configurable"]["checkpoint_id"]
+        assert max(children(saver, thread).values()) == 1
+        assert len(list(saver.list(config(thread)))) == 2
+
+
+def test_without_the_lock_the_same_race_forks_and_is_seen():
+    """The unsafe seam (``row_lock=False``: the latest checkpoint read before the lock) forks
+    in the race above -- the check that finds forks finds it."""
+    saver = AgentMemorySaver(MemoryStore(cache=None, row_lock=False))
+    forks = 0
+    for round_ in range(ROUNDS):
+        thread = f"unlocked-{round_}"
+        put_step(saver, config(thread), "root")
+        outcomes = race_two_writers(saver, thread)
+        if max(children(saver, thread).values()) > 1:
+            forks += 1
+            assert not any(isinstance(o, CheckpointConflict) for o in outcomes)
+    assert forks >= 1
+
+
+def test_a_fork_asked_for_by_checkpoint_id_is_made(saver):
+    first = put_step(saver, config("travel"), "first")
+    second = put_step(saver, saver.get_tuple(config("travel")).config, "second")
+    # Back to the first checkpoint, asked for by its id: LangGraph's time travel.
+    older = saver.get_tuple(config("travel", first["configurable"]["checkpoint_id"]))
+    assert older.config["configurable"][EXPECT] == first["configurable"]["checkpoint_id"]
+    branch = put_step(saver, older.config, "branch")
+    assert children(saver, "travel")[first["configurable"]["checkpoint_id"]] == 2
+    latest = saver.get_tuple(config("travel"))
+    assert latest.config["configurable"]["checkpoint_id"] == branch["configurable"]["checkpoint_id"]
+    assert latest.checkpoint["channel_values"] == {"value": "branch"}
+    # The branch goes on from its own latest checkpoint; the old line is not the latest.
+    put_step(saver, latest.config, "branch 2")
+    with pytest.raises(CheckpointConflict):
+        put_step(saver, second, "second 2")
+
+
+def test_a_put_of_a_stored_checkpoint_again_is_no_fork(saver):
+    loaded = saver.get_tuple(config("again")) or None
+    assert loaded is None
+    root = put_step(saver, config("again"), "root")
+    latest = saver.get_tuple(config("again")).config
+    checkpoint = empty_checkpoint()
+    metadata = {"source": "loop", "step": 1, "parents": {}}
+    saver.put(latest, checkpoint, metadata, {})
+    put_step(saver, saver.get_tuple(config("again")).config, "next")
+    # The first put's acknowledgement was lost; the caller puts the same checkpoint again.
+    saver.put(latest, checkpoint, metadata, {})
+    assert len(list(saver.list(config("again")))) == 3
+    assert max(children(saver, "again").values()) == 1
+    assert root["configurable"]["checkpoint_id"] in children(saver, "again")
+
+
+def test_a_config_built_by_hand_is_stored_by_langgraphs_rule(saver):
+    """No loaded tuple, no expectation: a put names its parent and is stored there, as every
+    LangGraph saver stores it (the conformance suite's configs are such)."""
+    root = put_step(saver, config("by-hand"), "root")
+    root_id = root["configurable"]["checkpoint_id"]
+    for value in ("a", "b"):
+        put_step(saver, config("by-hand", root_id), value)
+    assert children(saver, "by-hand")[root_id] == 2
+
+
+# ---------------------------------------------------------------------- pending writes
+
+
+def test_concurrent_put_writes_of_one_checkpoint_all_land_and_repeats_land_once(saver):
+    stored = put_step(saver, config("writes"), "root")
+
+    def task(i: int) -> None:
+        saver.put_writes(stored, [("value", f"{i}-{n}") for n in range(3)], f"task-{i}")
+        # Every worker also saves the same task's writes: stored once.
+        saver.put_writes(stored, [("value", f"shared-{n}") for n in range(3)], "shared")
+
+    run_threads(task, 8)
+    writes = saver.get_tuple(stored).pending_writes
+    assert len(writes) == 8 * 3 + 3
+    assert sorted(v for t, _, v in writes if t == "shared") == ["shared-0", "shared-1", "shared-2"]
+    for i in range(8):
+        assert [v for t, _, v in writes if t == f"task-{i}"] == [f"{i}-{n}" for n in range(3)]
+
+
+def test_special_writes_replace_and_plain_writes_are_kept(saver):
+    stored = put_step(saver, config("special"), "root")
+    saver.put_writes(stored, [("value", 1), ("__error__", "first")], "t")
+    saver.put_writes(stored, [("value", 2), ("__error__", "second")], "t")
+    assert saver.get_tuple(stored).pending_writes == [
+        ("t", "__error__", "second"),
+        ("t", "value", 1),
+    ]
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+def test_bad_configs_are_refused_before_any_query(saver):
+    with pytest.raises(InvalidMemory, match="needs a thread_id"):
+        saver.get_tuple({"configurable": {}})
+    with pytest.raises(InvalidMemory, match="thread_id: must be 1 to 255 characters"):
+        put_step(saver, config("x" * 256), "v")
+    with pytest.raises(InvalidMemory, match="checkpoint_ns: must be 0 to 500"):
+        saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": "n" * 501}})
+    with pytest.raises(InvalidMemory, match=r"configurable\.checkpoint_id"):
+        saver.put_writes(config("t"), [("value", 1)], "task")
+    with pytest.raises(InvalidMemory, match="strategy: must be one of 'keep_latest', 'delete'"):
+        saver.prune(["t"], strategy="keep_oldest")
+    assert list(saver.list(None)) == []
+
+
+# ---------------------------------------------------------------------- real graphs
+
+
+class Branches(TypedDict):
+    log: Annotated[list[str], operator.add]
+    answer: str
+
+
+def branching_graph(saver: AgentMemorySaver, *, pause: threading.Barrier | None = None) -> Any:
+    """START -> (left, right in parallel) -> join -> ask (an interrupt) -> END."""
+
+    def left(state: Branches) -> dict[str, Any]:
+        if pause is not None:
+            pause.wait(timeout=30)
+        return {"log": ["left"]}
+
+    def right(state: Branches) -> dict[str, Any]:
+        return {"log": ["right"]}
+
+    def join(state: Branches) -> dict[str, Any]:
+        return {"log": ["join"]}
+
+    def ask(state: Branches) -> dict[str, Any]:
+        return {"answer": interrupt("your answer?")}
+
+    graph = StateGraph(Branches)
+    for name, node in (("left", left), ("right", right), ("join", join), ("ask", ask)):
+        graph.add_node(name, node)
+    graph.add_edge(START, "left")
+    graph.add_edge(START, "right")
+    graph.add_edge(["left", "right"], "join")
+    graph.add_edge("join", "ask")
+    graph.add_edge("ask", END)
+    return graph.compile(checkpointer=saver)
+
+
+def assert_linear(saver: AgentMemorySaver, thread: str) -> None:
+    """Every checkpoint of the thread but its root has its parent in the thread, and no
+    checkpoint has two children."""
+    found = list(saver.list(config(thread)))
+    ids = {f.config["configurable"]["checkpoint_id"] for f in found}
+    roots = [f for f in found if f.parent_config is None]
+    assert len(roots) == 1
+    assert all(
+        f.parent_config["configurable"]["checkpoint_id"] in ids for f in found if f.parent_config
+    )
+    assert max(children(saver, thread).values()) == 1
+
+
+def test_a_graph_on_20_threads_with_parallel_nodes_interrupts_and_resumes(saver):
+    graph = branching_graph(saver)
+
+    def run(i: int) -> dict[str, Any]:
+        thread = config(f"graph-{i}")
+        paused = graph.invoke({"log": [f"start {i}"]}, thread)
+        assert paused["__interrupt__"][0].value == "your answer?"
+        return graph.invoke(Command(resume=f"answer {i}"), thread)
+
+    finals = run_threads(run, 20)
+    for i, final in enumerate(finals):
+        assert final["answer"] == f"answer {i}"
+        assert final["log"][0] == f"start {i}" and final["log"][-1] == "join"
+        assert sorted(final["log"][1:3]) == ["left", "right"]
+        state = graph.get_state(config(f"graph-{i}"))
+        assert state.values == final and state.next == ()
+        assert_linear(saver, f"graph-{i}")
+
+
+def test_two_runs_of_one_thread_never_fork_it_one_raises_a_conflict(saver):
+    seed = branching_graph(saver)
+    seed.invoke({"log": ["seed"]}, config("shared"))
+    seed.invoke(Command(resume="seed answer"), config("shared"))
+    graph = branching_graph(saver, pause=threading.Barrier(2))
+
+    def run(i: int) -> Any:
+        try:
+            return graph.invoke({"log": [f"run {i}"]}, config("shared"))
+        except CheckpointConflict as conflict:
+            return conflict
+
+    outcomes = run_threads(run, 2)
+    assert sum(isinstance(o, CheckpointConflict) for o in outcomes) == 1
+    assert_linear(saver, "shared")
+    winner = next(o for o in outcomes if not isinstance(o, CheckpointConflict))
+    assert graph.get_state(config("shared")).values["log"] == winner["log"]
+
+
+def test_time_travel_and_update_state_fork_where_asked(saver):
+    graph = branching_graph(saver)
+    graph.invoke({"log": ["first"]}, config("travel"))
+    graph.invoke(Command(resume="first answer"), config("travel"))
+    history = list(graph.get_state_history(config("travel")))
+    before_ask = next(s for s in history if s.next == ("ask",))
+    # Resume from an older checkpoint (by its id): a branch, no conflict.
+    replayed = graph.invoke(None, before_ask.config)
+    assert replayed["__interrupt__"]
+    graph.invoke(Command(resume="second answer"), config("travel"))
+    assert graph.get_state(config("travel")).values["answer"] == "second answer"
+    # update_state on an older checkpoint forks there; on the latest, it extends it.
+    graph.update_state(before_ask.config, {"log": ["edited"]})
+    assert graph.get_state(config("travel")).values["log"][-1] == "edited"
+    graph.update_state(config("travel"), {"log": ["edited again"]})
+    assert graph.get_state(config("travel")).values["log"][-2:] == ["edited", "edited again"]
+    assert children(saver, "travel")[before_ask.config["configurable"]["checkpoint_id"]] == 3
+
+
+def test_the_async_interface_runs_a_graph_too(saver):
+    graph = branching_graph(saver)
+
+    async def run() -> tuple[Any, Any, list[Any]]:
+        paused = await graph.ainvoke({"log": ["async"]}, config("async"))
+        final = await graph.ainvoke(Command(resume="yes"), config("async"))
+        return paused, final, [s.next async for s in graph.aget_state_history(config("async"))]
+
+    paused, final, nexts = asyncio.run(run())
+    assert paused["__interrupt__"] and final["answer"] == "yes" and nexts[0] == ()
+    aio.close_connections()
+    assert_linear(saver, "async")
