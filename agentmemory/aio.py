@@ -87,6 +87,19 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return waiting.result()
 
 
+def call(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the pool, waited for: a synchronous caller on a thread that should not
+    hold a connection of its own (:mod:`agentmemory.integrations.threads`)."""
+    global _used
+    _used = True
+    return executor().submit(contextvars.copy_context().run, fn, *args).result()
+
+
+def on_pool() -> bool:
+    """Whether the calling thread is one of the pool's."""
+    return threading.current_thread().name.startswith(THREAD_PREFIX)
+
+
 def used() -> bool:
     """Whether a call ran on the pool since :func:`close_connections` last closed it."""
     return _used

@@ -11,11 +11,13 @@ from collections import Counter
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from django.db import connection, connections
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from agentmemory import CheckpointConflict, InvalidMemory, MemoryStore, aio
+from agentmemory.conf import get_config
 from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.integrations.langgraph_saver import EXPECT
 
@@ -311,3 +313,50 @@ def test_the_async_interface_runs_a_graph_too(saver):
     assert paused["__interrupt__"] and final["answer"] == "yes" and nexts[0] == ()
     aio.close_connections()
     assert_linear(saver, "async")
+
+
+# ---------------------------------------------------------------------- connections
+
+
+@pytest.fixture
+def persistent_connections():
+    """Persistent connections (``CONN_MAX_AGE = None``): a thread's connection stays open until
+    someone closes it -- where a connection per short-lived thread would pile up."""
+    settings = connections["default"].settings_dict
+    was = settings["CONN_MAX_AGE"]
+    settings["CONN_MAX_AGE"] = None
+    connections.close_all()
+    yield
+    settings["CONN_MAX_AGE"] = was
+    aio.close_connections()
+    connections.close_all()
+
+
+def open_connections() -> int:
+    """Connections to the test database, as the server counts them (this one included)."""
+    query = (
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()"
+        if connection.vendor == "postgresql"
+        else "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(query)
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.server
+def test_graphs_on_20_threads_hold_no_more_connections_than_the_pool(saver, persistent_connections):
+    """LangGraph saves checkpoints from worker threads it starts for each run. Measured before
+    the saver ran such calls on the store's pool: 20 runs at once on PostgreSQL left every worker
+    thread's connection open and ran out of the server's 100 ("too many clients already")."""
+    graph = branching_graph(saver)
+    before = open_connections()
+
+    def run(i: int) -> None:
+        thread = config(f"conn-{i}")
+        graph.invoke({"log": [str(i)]}, thread)
+        graph.invoke(Command(resume="yes"), thread)
+
+    for _ in range(3):
+        run_threads(run, 20)
+    assert open_connections() <= before + get_config()["ASYNC_THREADS"]

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 from django.db import connections
@@ -50,9 +49,10 @@ from ..store import MemoryStore
 from ..validation import SESSION_ID_MAX
 from ..vendors import prefix_filter
 from .langgraph_saver import AgentMemorySaver
-from .threads import released
+from .threads import call_sync
 
 PREFIX = "lg:"
+T = TypeVar("T")
 
 
 def session_of(namespace: tuple[str, ...]) -> str:
@@ -112,16 +112,16 @@ class AgentMemoryStore(BaseStore):
     # ---------------------------------------------------------------- BaseStore
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        with self._released("batch"):
-            return self._batch(ops)
+        return self._call("batch", self._batch, list(ops))
 
-    def _released(self, method: str) -> AbstractContextManager[None]:
+    def _call(self, method: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` where a synchronous call of ``method`` runs (:func:`call_sync`)."""
         use = (
             "`await store.aget(...)`, `aput`, `asearch`, `adelete`, `alist_namespaces`, `abatch`"
             if method == "batch"
             else f"`await store.a{method}(...)`"
         )
-        return released(type(self).__name__, self.store.using, use)
+        return call_sync(type(self).__name__, self.store.using, use, fn, *args)
 
     def _batch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)
@@ -159,14 +159,16 @@ class AgentMemoryStore(BaseStore):
     ) -> int:
         """Compare-and-set put: write only if the item is at ``expected_version`` (0: absent);
         returns the new version, or raises :class:`~agentmemory.VersionConflict`."""
-        with self._released("put_if_version"):
-            record = self.store.remember(
+        record = self._call(
+            "put_if_version",
+            lambda: self.store.remember(
                 session_of(namespace),
                 key,
                 dict(value),
                 ttl=self._ttl_seconds(ttl),
                 expected_version=expected_version,
-            )
+            ),
+        )
         return record.version
 
     def modify(
@@ -190,23 +192,21 @@ class AgentMemoryStore(BaseStore):
                 )
             return dict(new)
 
-        with self._released("modify"):
-            record = self.store.update(
-                session_of(namespace), key, compute, ttl=self._ttl_seconds(ttl)
-            )
+        ttl_ = self._ttl_seconds(ttl)
+        record = self._call(
+            "modify", lambda: self.store.update(session_of(namespace), key, compute, ttl=ttl_)
+        )
         return self._item(namespace, record)
 
     def version_of(self, namespace: tuple[str, ...], key: str) -> int:
         """The item's current version (0 if absent), for :meth:`put_if_version`."""
-        with self._released("version_of"):
-            record = self.store.recall(session_of(namespace), key)
+        record = self._call("version_of", self.store.recall, session_of(namespace), key)
         return record.version if record else 0
 
     def history(self, namespace: tuple[str, ...], key: str, **page: Any) -> list[Any]:
         """The item's versions: all, oldest first; or a page, newest first (``limit``,
         ``before_version``), as :meth:`agentmemory.MemoryStore.history`."""
-        with self._released("history"):
-            return self.store.history(session_of(namespace), key, **page)
+        return self._call("history", lambda: self.store.history(session_of(namespace), key, **page))
 
     async def aput_if_version(self, *args: Any, **kwargs: Any) -> int:
         return await aio.run(self.put_if_version, *args, **kwargs)

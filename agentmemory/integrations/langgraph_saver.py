@@ -30,8 +30,8 @@ without the key (one built by hand) is stored by LangGraph's rule alone.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -51,11 +51,12 @@ from ..checkpoints import NewBlob, StoredCheckpoint
 from ..errors import InvalidMemory
 from ..store import MemoryStore
 from ..validation import CHECKPOINT_NAME_MAX, CHECKPOINT_NS_MAX, THREAD_ID_MAX
-from .threads import released
+from .threads import call_sync
 
 #: The key of a loaded checkpoint's ``configurable`` that tells a put which parents it may have.
 EXPECT = "__agentmemory_expect__"
 STRATEGIES = ("keep_latest", "delete")
+T = TypeVar("T")
 
 
 class AgentMemorySaver(BaseCheckpointSaver[str]):
@@ -84,8 +85,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
     # ---------------------------------------------------------------- synchronous
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        with self._released("get_tuple"):
-            return self._get_tuple(config)
+        return self._call("get_tuple", self._get_tuple, config)
 
     def list(
         self,
@@ -96,11 +96,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         listing = _Listing(self, config, filter, before, limit)
-        while True:
-            with self._released("list"):
-                page = listing.next_page()
-            if page is None:
-                return
+        while (page := self._call("list", listing.next_page)) is not None:
             yield from page
 
     def put(
@@ -110,8 +106,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        with self._released("put"):
-            return self._put(config, checkpoint, metadata, new_versions)
+        return self._call("put", self._put, config, checkpoint, metadata, new_versions)
 
     def put_writes(
         self,
@@ -120,24 +115,21 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        with self._released("put_writes"):
-            self._put_writes(config, writes, task_id, task_path)
+        self._call("put_writes", self._put_writes, config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
-        with self._released("delete_thread"):
-            self.chains.delete_threads([_thread_id(thread_id)])
+        self._call("delete_thread", self.chains.delete_threads, [_thread_id(thread_id)])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        with self._released("delete_for_runs"):
-            self.chains.delete_runs([str(run_id) for run_id in run_ids])
+        ids = [str(run_id) for run_id in run_ids]
+        self._call("delete_for_runs", self.chains.delete_runs, ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        with self._released("copy_thread"):
-            self.chains.copy_thread(_thread_id(source_thread_id), _thread_id(target_thread_id))
+        source, target = _thread_id(source_thread_id), _thread_id(target_thread_id)
+        self._call("copy_thread", self.chains.copy_thread, source, target)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        with self._released("prune"):
-            self._prune(thread_ids, strategy)
+        self._call("prune", self._prune, thread_ids, strategy)
 
     def get_next_version(self, current: str | int | float | None, channel: None = None) -> str:
         """The next version of a channel: the count, zero-padded, and a random fraction, as
@@ -202,8 +194,11 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
 
     # ---------------------------------------------------------------- the work
 
-    def _released(self, method: str) -> Any:
-        return released(type(self).__name__, self.store.using, f"`await saver.a{method}(...)`")
+    def _call(self, method: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` where a synchronous call of ``method`` runs: in the caller's thread,
+        or on the store's pool for a thread of LangGraph's own (:func:`call_sync`)."""
+        use = f"`await saver.a{method}(...)`"
+        return call_sync(type(self).__name__, self.store.using, use, fn, *args)
 
     def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, checkpoint_ns = _chain(config)

@@ -1,28 +1,37 @@
-"""The frameworks call the store from threads of their own (LangGraph's node workers), where
-Django never ends a request: what a call in such a thread owes the process."""
+"""The frameworks call the store from threads of their own -- LangGraph runs each graph's nodes and
+checkpoint saves on worker threads it starts per run, where Django never ends a request and no one
+closes a connection: where such a call runs.
+
+Measured: 20 LangGraph runs at once on PostgreSQL with persistent connections (``CONN_MAX_AGE =
+None``), each worker thread keeping the connection it opened, ran out of PostgreSQL's 100
+connections ("sorry, too many clients already"); a connection closed after every call instead costs
+a new connection per call (Django's default, ``CONN_MAX_AGE = 0``: milliseconds on PostgreSQL).
+So such calls run on the store's own bounded pool of threads (:mod:`agentmemory.aio`, shared
+with the async twins: ``ASYNC_THREADS``, default 16), whose connections stay open and are never
+more than that many, whatever the framework's threads do."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.db import connections
 
 from .. import aio
 
+T = TypeVar("T")
 
-@contextmanager
-def released(owner: str, using: str, use: str) -> Iterator[None]:
-    """Run a synchronous call of ``owner`` (the adapter's class name) on database ``using``.
+
+def call_sync(owner: str, using: str, use: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a synchronous call of ``owner`` (the adapter's class name) on database
+    ``using``: in the calling thread if that is the main thread, one of the pool's, or one inside
+    a transaction of its own on ``using`` (the call joins it); otherwise on the pool, waited for.
 
     A synchronous call on a running event loop would block it on the database: refused as
     LangGraph's own async stores and savers refuse it (``asyncio.InvalidStateError``), naming
-    ``use``, the asynchronous method to await instead. After the call, a thread other than the
-    main one and the store's own pool (:mod:`agentmemory.aio`, whose threads keep one connection
-    each) releases its connection as a request's end would: ``CONN_MAX_AGE`` decides whether
-    that closes it -- so threads that come and go do not leave a connection each behind."""
+    ``use``, the asynchronous method to await instead."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -32,14 +41,10 @@ def released(owner: str, using: str, use: str) -> Iterator[None]:
             f"Synchronous calls to {owner} detected in a running event loop: they would block "
             f"it on the database. Use the asynchronous interface: {use}."
         )
-    try:
-        yield
-    finally:
-        thread = threading.current_thread()
-        connection = connections[using]
-        if (
-            thread is not threading.main_thread()
-            and not thread.name.startswith(aio.THREAD_PREFIX)
-            and not connection.in_atomic_block
-        ):
-            connection.close_if_unusable_or_obsolete()
+    if (
+        threading.current_thread() is threading.main_thread()
+        or aio.on_pool()
+        or connections[using].in_atomic_block
+    ):
+        return fn(*args)
+    return aio.call(fn, *args)
