@@ -35,6 +35,7 @@ from django.db import connections
 from django.db.models import Q
 
 from . import clock
+from .defects import failpoint_before_checkpoint
 from .errors import CheckpointConflict
 from .models import Checkpoint, CheckpointBlob, CheckpointThread, CheckpointWrite
 from .retries import Retrier
@@ -117,6 +118,7 @@ class CheckpointPath:
         names (a fork from there is what it wants): the put must extend the latest checkpoint
         or start from the one named, else :class:`CheckpointConflict` and nothing is written.
         A parentless put is a new root and never conflicts."""
+        failpoint_before_checkpoint()
         observed = None if self.row_lock else self._latest_unlocked(thread_id, checkpoint_ns)
 
         def attempt(_retry: bool) -> None:

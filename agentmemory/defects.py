@@ -172,6 +172,35 @@ def failpoint_session_setup() -> None:
         raise InjectedFailure("the session setup of a new connection failed (an injected failure)")
 
 
+_armed_in_process: set[str] = set()
+_process_lock = threading.Lock()
+
+
+def fail_next_checkpoint() -> None:
+    """Arm, for the whole process (LangGraph saves checkpoints from threads of its own), a
+    failure of the next checkpoint put, before it writes anything: as if the process died
+    between a step's pending writes and the checkpoint that ends the step. It fires once;
+    :func:`disarm_checkpoint_failure` disarms it unfired."""
+    with _process_lock:
+        _armed_in_process.add("checkpoint")
+
+
+def disarm_checkpoint_failure() -> None:
+    with _process_lock:
+        _armed_in_process.discard("checkpoint")
+
+
+def failpoint_before_checkpoint() -> None:
+    """Called by :meth:`CheckpointPath.put <agentmemory.checkpoints.CheckpointPath.put>` before
+    its transaction."""
+    if "checkpoint" in _armed_in_process:
+        with _process_lock:
+            fired = "checkpoint" in _armed_in_process
+            _armed_in_process.discard("checkpoint")
+        if fired:
+            raise InjectedFailure("the checkpoint put failed before writing (an injected failure)")
+
+
 def die_after_commit() -> AbstractContextManager[None]:
     """Inside this block, this process dies (SIGKILL, as the OOM killer or a node's power does it)
     right after its next write commits, before the write updates the Redis tier: what a reader

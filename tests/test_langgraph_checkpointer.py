@@ -16,7 +16,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from agentmemory import CheckpointConflict, InvalidMemory, MemoryStore, aio
+from agentmemory import CheckpointConflict, InvalidMemory, MemoryStore, aio, defects
 from agentmemory.conf import get_config
 from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.integrations.langgraph_saver import EXPECT
@@ -360,3 +360,60 @@ def test_graphs_on_20_threads_hold_no_more_connections_than_the_pool(saver, pers
     for _ in range(3):
         run_threads(run, 20)
     assert open_connections() <= before + get_config()["ASYNC_THREADS"]
+
+
+# ---------------------------------------------------------------------- a crash mid-step
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_crash_between_a_steps_writes_and_its_checkpoint_resumes_correctly(saver, durability):
+    """The parallel nodes of a step finish and their pending writes are saved; the checkpoint
+    that ends the step is not (the failpoint: the process dies there). Resumed, the graph ends
+    as if nothing had happened, and the thread's chain stays linear.
+
+    With ``durability="sync"`` a step's checkpoint is stored before its nodes run, so the
+    writes saved are the stored checkpoint's: neither node runs again. With ``"async"``
+    (LangGraph's default) the checkpoint of the step may still be on its way when its nodes
+    finish, and the next step may start before the failure surfaces -- the steps after the
+    last stored checkpoint run again (at least once; writes saved for a checkpoint that was
+    never stored are never read)."""
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def node(name: str, *, crash_after: bool = False) -> Any:
+        def run(state: Branches) -> dict[str, Any]:
+            with lock:
+                runs[name] += 1
+                first = runs[name] == 1
+            if crash_after and first:
+                defects.fail_next_checkpoint()
+            return {"log": [name]}
+
+        return run
+
+    graph = StateGraph(Branches)
+    graph.add_node("left", node("left"))
+    graph.add_node("right", node("right", crash_after=True))
+    graph.add_node("join", node("join"))
+    graph.add_edge(START, "left")
+    graph.add_edge(START, "right")
+    graph.add_edge(["left", "right"], "join")
+    graph.add_edge("join", END)
+    compiled = graph.compile(checkpointer=saver)
+    try:
+        with pytest.raises(defects.InjectedFailure):
+            compiled.invoke({"log": ["start"]}, config("crash"), durability=durability)
+    finally:
+        defects.disarm_checkpoint_failure()
+    if durability == "sync":
+        stopped = saver.get_tuple(config("crash"))
+        assert sorted(v for _, c, v in stopped.pending_writes if c == "log") == [
+            ["left"],
+            ["right"],
+        ]
+    final = compiled.invoke(None, config("crash"), durability=durability)
+    assert final["log"][0] == "start" and sorted(final["log"][1:3]) == ["left", "right"]
+    assert final["log"][3:] == ["join"]
+    if durability == "sync":
+        assert runs == {"left": 1, "right": 1, "join": 1}
+    assert_linear(saver, "crash")
