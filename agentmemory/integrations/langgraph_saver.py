@@ -47,7 +47,7 @@ from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .. import aio
-from ..checkpoints import NewBlob, StoredCheckpoint
+from ..checkpoints import PAGE, NewBlob, StoredCheckpoint
 from ..errors import InvalidMemory
 from ..store import MemoryStore
 from ..validation import CHECKPOINT_NAME_MAX, CHECKPOINT_NS_MAX, THREAD_ID_MAX
@@ -356,8 +356,10 @@ class _Listing:
         matched none), or None at the end."""
         if self.done or (self.left is not None and self.left <= 0):
             return None
+        # A page of what is left to return, when every checkpoint read is returned.
+        size = PAGE if self.filter or self.left is None else min(PAGE, self.left)
         stored = self.saver.chains.page(
-            self.thread_id, self.checkpoint_ns, self.checkpoint_id, self.before, self.after
+            self.thread_id, self.checkpoint_ns, self.checkpoint_id, self.before, self.after, size
         )
         if not stored:
             self.done = True
