@@ -72,7 +72,7 @@ class StoredCheckpoint:
     #: channel -> its value at the checkpoint's version (channels written empty are left out).
     blobs: dict[str, Typed]
     writes: list[StoredWrite] = field(default_factory=list)
-    # The order of a listing: (checkpoint id, row id), newest first.
+    # The order of a listing: (checkpoint id, chain's head id), newest first.
     cursor: tuple[str, int] = ("", 0)
 
 
@@ -278,7 +278,7 @@ class CheckpointPath:
             rows = self._run(
                 statement, params if checkpoint_id is None else [*params, checkpoint_id]
             )
-            found = self._complete(rows, thread_id, checkpoint_ns)
+            found = self._complete(rows, [(thread_id, checkpoint_ns)] * len(rows))
             return found[0] if found else None
 
         return self.retrier.read(work)
@@ -296,24 +296,23 @@ class CheckpointPath:
         (``thread_id=None``), one namespace or all, one id or all, ``before`` an id; the page
         that follows ``after`` (a checkpoint's ``cursor``)."""
 
+        one_chain = thread_id is not None and checkpoint_ns is not None
+        params: list[Any] = [name for name in (thread_id, checkpoint_ns) if name is not None]
+        params += [bound for bound in (checkpoint_id, before) if bound is not None]
+        if after is not None:
+            params += [after[0]] if one_chain else [after[0], after[0], after[1]]
+        statement = _page_statement(
+            connections[self.using].vendor,
+            thread_id is not None,
+            checkpoint_ns is not None,
+            checkpoint_id is not None,
+            before is not None,
+            after is not None,
+        )
+
         def work() -> list[StoredCheckpoint]:
-            heads = Q() if thread_id is None else Q(thread_id=thread_id)
-            if checkpoint_ns is not None:
-                heads &= Q(checkpoint_ns=checkpoint_ns)
-            rows = Checkpoint.objects.using(self.using).all()
-            if heads:
-                chains = CheckpointThread.objects.using(self.using).filter(heads)
-                rows = rows.filter(thread_id__in=chains.values("id"))
-            if checkpoint_id is not None:
-                rows = rows.filter(checkpoint_id=checkpoint_id)
-            if before is not None:
-                rows = rows.filter(checkpoint_id__lt=before)
-            if after is not None:
-                rows = rows.filter(
-                    Q(checkpoint_id__lt=after[0]) | Q(checkpoint_id=after[0], id__lt=after[1])
-                )
-            rows = rows.order_by("-checkpoint_id", "-id").values_list(*ROW)[:size]
-            return self._complete(sql.run_query(connections[self.using], rows))
+            rows = self._run(statement, [*params, size])
+            return self._complete([row[:-2] for row in rows], [row[-2:] for row in rows])
 
         return self.retrier.read(work)
 
@@ -367,11 +366,10 @@ class CheckpointPath:
         self._run(self._statements().add_blobs.format(rows=rows), params)
 
     def _complete(
-        self, rows: list[tuple[Any, ...]], thread_id: str | None = None, ns: str | None = None
+        self, rows: list[tuple[Any, ...]], chains: Sequence[Sequence[str]]
     ) -> list[StoredCheckpoint]:
         """The checkpoints of these rows (:data:`ROW`) with their blobs and pending writes, read
-        in one more statement for all of them. ``thread_id`` and ``ns``: the chain's, when every
-        row is of that one chain (else the rows carry them)."""
+        in one more statement for all of them. ``chains``: each row's (thread id, namespace)."""
         if not rows:
             return []
         blob_keys: list[Any] = []
@@ -395,21 +393,12 @@ class CheckpointPath:
                 writes.setdefault((head_id, a), []).append(
                     StoredWrite(b, c, (kind, bytes(data)), d or "", idx)
                 )
-        chains = {}
-        if thread_id is None:
-            heads = {row[1] for row in rows}
-            chains = dict(
-                (row[0], (row[1], row[2]))
-                for row in CheckpointThread.objects.using(self.using)
-                .filter(id__in=heads)
-                .values_list("id", "thread_id", "checkpoint_ns")
-            )
         result = []
-        for row_id, head_id, checkpoint_id, parent, kind, data, mkind, mdata, raw in rows:
+        for (thread, namespace), row in zip(chains, rows, strict=True):
+            _row_id, head_id, checkpoint_id, parent, kind, data, mkind, mdata, raw = row
             versions = sql.decode_json(raw)
             own = writes.get((head_id, checkpoint_id), [])
             own.sort(key=lambda w: (w.task_path, w.task_id, w.idx))
-            thread, namespace = (thread_id, ns) if thread_id is not None else chains[head_id]
             result.append(
                 StoredCheckpoint(
                     thread,
@@ -424,7 +413,7 @@ class CheckpointPath:
                         if (head_id, channel, version) in blobs
                     },
                     own,
-                    (checkpoint_id, row_id),
+                    (checkpoint_id, head_id),
                 )
             )
         return result
@@ -567,3 +556,41 @@ def _parts_statement(vendor: str, blobs: int, checkpoints: int) -> str:
         f"FROM {write} WHERE {keys}"
     )
     return " UNION ALL ".join(parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _page_statement(
+    vendor: str, thread: bool, ns: bool, by_id: bool, before: bool, after: bool
+) -> str:
+    """A page of checkpoints newest first, with each one's thread id and namespace.
+
+    Of one chain (a thread and a namespace: every LangGraph listing of a thread's history), the
+    head is found first as in :func:`_get_statement` and the page walks the ``(thread,
+    checkpoint_id)`` index from its end, stopping after the page. Across chains, the order is
+    (checkpoint id, head id), which the keyset ``after`` continues.
+
+    Parameters: thread id, namespace, checkpoint id, ``before``, ``after`` (one chain: its
+    checkpoint id; else checkpoint id twice and head id) where given, then the page's size."""
+    _quote, head, checkpoint, _blob, _write = _tables(vendor)
+    columns = ", ".join(f"c.{column}" for column in ROW) + ", h.thread_id, h.checkpoint_ns"
+    names = [*(["thread_id = %s"] if thread else []), *(["checkpoint_ns = %s"] if ns else [])]
+    conditions = []
+    if thread and ns and vendor == "mysql":
+        conditions += [f"h.{name}" for name in names]  # a join, the head a constant table
+    elif thread and ns:
+        conditions.append(f"c.thread_id = (SELECT id FROM {head} WHERE {' AND '.join(names)})")
+    elif names:
+        conditions.append(f"c.thread_id IN (SELECT id FROM {head} WHERE {' AND '.join(names)})")
+    if by_id:
+        conditions.append("c.checkpoint_id = %s")
+    if before:
+        conditions.append("c.checkpoint_id < %s")
+    if after and thread and ns:
+        conditions.append("c.checkpoint_id < %s")
+    elif after:
+        conditions.append("(c.checkpoint_id < %s OR (c.checkpoint_id = %s AND c.thread_id < %s))")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return (
+        f"SELECT {columns} FROM {checkpoint} c JOIN {head} h ON h.id = c.thread_id{where} "
+        "ORDER BY c.checkpoint_id DESC, c.thread_id DESC LIMIT %s"
+    )
