@@ -312,6 +312,8 @@ class CheckpointPath:
 
         def work() -> list[StoredCheckpoint]:
             rows = self._run(statement, [*params, size])
+            if one_chain:
+                return self._complete(rows, [(thread_id, checkpoint_ns)] * len(rows))
             return self._complete([row[:-2] for row in rows], [row[-2:] for row in rows])
 
         return self.retrier.read(work)
@@ -434,6 +436,9 @@ class CheckpointPath:
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
 
+
+#: The name of the ``(thread, checkpoint_id)`` unique index (the constraint's).
+BY_ID = "agentmemory_one_checkpoint_per_id"
 
 #: The columns of a checkpoint row, in this order, wherever one is read.
 ROW = (
@@ -562,35 +567,60 @@ def _parts_statement(vendor: str, blobs: int, checkpoints: int) -> str:
 def _page_statement(
     vendor: str, thread: bool, ns: bool, by_id: bool, before: bool, after: bool
 ) -> str:
-    """A page of checkpoints newest first, with each one's thread id and namespace.
+    """A page of checkpoints newest first.
 
-    Of one chain (a thread and a namespace: every LangGraph listing of a thread's history), the
-    head is found first as in :func:`_get_statement` and the page walks the ``(thread,
-    checkpoint_id)`` index from its end, stopping after the page. Across chains, the order is
-    (checkpoint id, head id), which the keyset ``after`` continues.
+    Of one chain (a thread and a namespace: every LangGraph listing of a thread's history): the
+    statement of :func:`_get_statement` with the page's bounds -- the head found first, the
+    ``(thread, checkpoint_id)`` index walked from its end, stopping after the page (joined to
+    the head, PostgreSQL read all 3,000 checkpoints of a chain and sorted them for a page of
+    10). PostgreSQL picks that walk from its statistics: on a table that grew far beyond what
+    its last ANALYZE saw, it may still sort the chain (3.8 ms at 3,000) until autovacuum
+    analyzes it. Across chains, with each row's thread id and namespace, in the order (checkpoint id,
+    head id), which the keyset ``after`` continues.
 
     Parameters: thread id, namespace, checkpoint id, ``before``, ``after`` (one chain: its
     checkpoint id; else checkpoint id twice and head id) where given, then the page's size."""
-    _quote, head, checkpoint, _blob, _write = _tables(vendor)
-    columns = ", ".join(f"c.{column}" for column in ROW) + ", h.thread_id, h.checkpoint_ns"
+    quote, head, checkpoint, _blob, _write = _tables(vendor)
+    columns = ", ".join(f"c.{column}" for column in ROW)
+    bounds = [
+        *(["c.checkpoint_id = %s"] if by_id else []),
+        *(["c.checkpoint_id < %s"] if before else []),
+    ]
+    if thread and ns:
+        if after:
+            bounds.append("c.checkpoint_id < %s")
+        if vendor == "mysql":
+            # As the logs' reads (agentmemory.logs._read_statement): on an equality MariaDB
+            # 10.11 reads by `ref` on thread_id alone, from the end, and filters a `before`
+            # bound row by row (1,510 rows for a page of 10); two values (0 is no id) and the
+            # order of the whole index make it one range over both columns.
+            source = f"{head} h JOIN {checkpoint} c FORCE INDEX ({quote.format(BY_ID)})"
+            conditions = ["h.thread_id = %s", "h.checkpoint_ns = %s", "c.thread_id IN (h.id, 0)"]
+            conditions += bounds
+            return (
+                f"SELECT {columns} FROM {source} WHERE {' AND '.join(conditions)} "
+                "ORDER BY c.thread_id DESC, c.checkpoint_id DESC LIMIT %s"
+            )
+        else:
+            source = f"{checkpoint} c"
+            conditions = [
+                f"c.thread_id = (SELECT id FROM {head} WHERE thread_id = %s AND checkpoint_ns = %s)",
+                *bounds,
+            ]
+        return (
+            f"SELECT {columns} FROM {source} WHERE {' AND '.join(conditions)} "
+            "ORDER BY c.checkpoint_id DESC LIMIT %s"
+        )
     names = [*(["thread_id = %s"] if thread else []), *(["checkpoint_ns = %s"] if ns else [])]
-    conditions = []
-    if thread and ns and vendor == "mysql":
-        conditions += [f"h.{name}" for name in names]  # a join, the head a constant table
-    elif thread and ns:
-        conditions.append(f"c.thread_id = (SELECT id FROM {head} WHERE {' AND '.join(names)})")
-    elif names:
-        conditions.append(f"c.thread_id IN (SELECT id FROM {head} WHERE {' AND '.join(names)})")
-    if by_id:
-        conditions.append("c.checkpoint_id = %s")
-    if before:
-        conditions.append("c.checkpoint_id < %s")
-    if after and thread and ns:
-        conditions.append("c.checkpoint_id < %s")
-    elif after:
+    conditions = (
+        [f"c.thread_id IN (SELECT id FROM {head} WHERE {' AND '.join(names)})"] if names else []
+    )
+    conditions += bounds
+    if after:
         conditions.append("(c.checkpoint_id < %s OR (c.checkpoint_id = %s AND c.thread_id < %s))")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     return (
-        f"SELECT {columns} FROM {checkpoint} c JOIN {head} h ON h.id = c.thread_id{where} "
+        f"SELECT {columns}, h.thread_id, h.checkpoint_ns FROM {checkpoint} c "
+        f"JOIN {head} h ON h.id = c.thread_id{where} "
         "ORDER BY c.checkpoint_id DESC, c.thread_id DESC LIMIT %s"
     )

@@ -281,8 +281,9 @@ class Checkpoint(models.Model):
     checkpoints that did not change them) and its metadata."""
 
     id = models.BigAutoField(primary_key=True)
+    # No index of its own: the unique constraints below begin with it.
     thread = models.ForeignKey(
-        CheckpointThread, on_delete=models.CASCADE, related_name="checkpoints"
+        CheckpointThread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
     )
     checkpoint_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
     parent_checkpoint_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX, null=True, blank=True)
@@ -314,7 +315,9 @@ class CheckpointBlob(models.Model):
     """The value of one channel at one version, written by the first checkpoint that had it."""
 
     id = models.BigAutoField(primary_key=True)
-    thread = models.ForeignKey(CheckpointThread, on_delete=models.CASCADE, related_name="blobs")
+    thread = models.ForeignKey(
+        CheckpointThread, on_delete=models.CASCADE, related_name="blobs", db_index=False
+    )
     channel = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
     version = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
     type = models.CharField(max_length=32)
@@ -337,7 +340,9 @@ class CheckpointWrite(models.Model):
     so a task's writes saved twice are saved once."""
 
     id = models.BigAutoField(primary_key=True)
-    thread = models.ForeignKey(CheckpointThread, on_delete=models.CASCADE, related_name="writes")
+    thread = models.ForeignKey(
+        CheckpointThread, on_delete=models.CASCADE, related_name="writes", db_index=False
+    )
     checkpoint_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
     task_id = ExactCharField(max_length=CHECKPOINT_NAME_MAX)
     idx = models.BigIntegerField()

@@ -148,3 +148,57 @@ def run_memcheck(*args: str) -> tuple[int, str]:
     except SystemExit as exit_:
         return exit_.code, out.getvalue()
     return 0, out.getvalue()
+
+
+def rows_examined(statement: str, params: list, table: str, alias: str) -> int | None:
+    """How many rows of ``table`` (``alias`` in the statement) the database read to answer
+    ``statement`` (PostgreSQL: the rows its scans of the table returned or filtered out;
+    MariaDB: ``r_rows``); None where it cannot say (SQLite: the plan is checked instead -- no
+    sort, the index gives the order)."""
+    import json
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            return sum(
+                node.get("Actual Rows", 0)
+                + node.get("Rows Removed by Filter", 0)
+                + node.get("Rows Removed by Index Recheck", 0)
+                for node in _nodes(plan[0]["Plan"])
+                if node.get("Relation Name") == table
+            )
+        if connection.vendor == "mysql" and connection.mysql_is_mariadb:
+            cursor.execute("ANALYZE FORMAT=JSON " + statement, params)
+            text = cursor.fetchone()[0]
+            return sum(
+                int(node.get("r_rows") or 0)
+                for node in _nodes(json.loads(text))
+                if node.get("table_name") in (alias, table)
+            )
+        if connection.vendor == "sqlite":
+            cursor.execute("EXPLAIN QUERY PLAN " + statement, params)
+            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "TEMP B-TREE" not in plan, plan
+    return None
+
+
+def analyze(cursor: Any, model: Any) -> None:
+    """Bring the server's statistics of ``model``'s table up to date (as autovacuum and
+    InnoDB's automatic statistics do in time), so that a plan reflects the table's size."""
+    if connection.vendor == "mysql":
+        cursor.execute(f"ANALYZE TABLE {model._meta.db_table}")
+        cursor.fetchall()
+    else:
+        cursor.execute("ANALYZE")
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _nodes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _nodes(value)

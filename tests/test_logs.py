@@ -16,7 +16,7 @@ from agentmemory.defects import lose_commit_answer
 from agentmemory.models import Log, LogEvent, LogItem
 
 from .conftest import redis_alias, run_threads
-from .helpers import inject_errors, run_processes
+from .helpers import analyze, inject_errors, rows_examined, run_processes
 from .test_retries import conflict_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -469,47 +469,8 @@ def test_the_async_twins(store):
 
 
 def items_examined(statement: str, params: list) -> int | None:
-    """How many item rows the database read to answer ``statement`` (PostgreSQL: the rows the
-    scans of the items table returned or filtered out; MariaDB: ``r_rows``); None where it
-    cannot say
-    (SQLite: the plan is checked instead)."""
-    import json
-
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
-            plan = cursor.fetchone()[0]
-            plan = json.loads(plan) if isinstance(plan, str) else plan
-            return sum(
-                node.get("Actual Rows", 0)
-                + node.get("Rows Removed by Filter", 0)
-                + node.get("Rows Removed by Index Recheck", 0)
-                for node in _nodes(plan[0]["Plan"])
-                if node.get("Relation Name") == LogItem._meta.db_table
-            )
-        if connection.vendor == "mysql" and connection.mysql_is_mariadb:
-            cursor.execute("ANALYZE FORMAT=JSON " + statement, params)
-            text = cursor.fetchone()[0]
-            return sum(
-                int(node.get("r_rows") or 0)
-                for node in _nodes(json.loads(text))
-                if node.get("table_name") == "i" or node.get("table_name") == LogItem._meta.db_table
-            )
-        if connection.vendor == "sqlite":
-            cursor.execute("EXPLAIN QUERY PLAN " + statement, params)
-            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
-            assert "TEMP B-TREE" not in plan, plan  # no sort: the index gives the order
-    return None
-
-
-def _nodes(node):
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _nodes(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _nodes(value)
+    """How many item rows the database read to answer ``statement`` (:func:`rows_examined`)."""
+    return rows_examined(statement, params, LogItem._meta.db_table, "i")
 
 
 @pytest.mark.parametrize("where", ["latest", "before", "after"])
@@ -523,11 +484,7 @@ def test_a_page_reads_its_items_only_whatever_the_log_length(store, where):
         store.append("s", "chat", list(range(start, start + 500)))
     store.append("other", "chat", list(range(500)))  # another log's items in the same index
     with connection.cursor() as cursor:
-        cursor.execute(
-            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE agentmemory_logitem"
-        )
-        if connection.vendor == "mysql":
-            cursor.fetchall()
+        analyze(cursor, LogItem)
     bounds = {"latest": {}, "before": {"before": 1500}, "after": {"after": 1500}}[where]
     statement = _read_statement(
         connection.vendor, "after" in bounds, "before" in bounds, True, "after" not in bounds, False
@@ -549,11 +506,7 @@ def test_a_pop_reads_one_live_item_however_many_were_popped_before_it(store):
     for _ in range(500):
         store.pop("s", "chat")
     with connection.cursor() as cursor:
-        cursor.execute(
-            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE agentmemory_logitem"
-        )
-        if connection.vendor == "mysql":
-            cursor.fetchall()
+        analyze(cursor, LogItem)
     head = Log.objects.get(session_id="s", stream="chat")
     statement = _statements(connection.vendor).last_live
     examined = items_examined(statement, [head.id, head.cleared_through])

@@ -1,0 +1,70 @@
+"""The checkpoint chains' storage (agentmemory.checkpoints) by the plans of its statements: a read
+of a chain costs the same at any length -- the head found first, the ``(thread, checkpoint_id)``
+index walked from its end -- on every database. What the saver makes of it is tested in
+tests/test_langgraph_checkpointer.py and by LangGraph's own suite."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from agentmemory.checkpoints import _get_statement, _page_statement
+from agentmemory.models import Checkpoint, CheckpointThread
+
+from .helpers import analyze, rows_examined
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LENGTH = 3000
+
+
+@pytest.fixture
+def long_chain() -> list[str]:
+    """A chain of 3,000 checkpoints beside another chain of the same thread and another
+    thread's (their rows in the same index); the ids of the long one, oldest first."""
+    now = timezone.now()
+    ids = [f"1f1f0000-0000-6000-8000-{n:012d}" for n in range(LENGTH)]
+    for thread, ns, count in (("t", "", LENGTH), ("t", "child:1", 50), ("other", "", 500)):
+        head = CheckpointThread.objects.create(
+            thread_id=thread, checkpoint_ns=ns, created_at=now, updated_at=now
+        )
+        Checkpoint.objects.bulk_create(
+            [
+                Checkpoint(
+                    thread=head,
+                    checkpoint_id=checkpoint_id,
+                    type="msgpack",
+                    checkpoint=b"",
+                    metadata_type="msgpack",
+                    metadata=b"",
+                    created_at=now,
+                )
+                for checkpoint_id in ids[:count]
+            ],
+            batch_size=500,
+        )
+    with connection.cursor() as cursor:
+        analyze(cursor, Checkpoint)
+    return ids
+
+
+def checkpoints_read(statement: str, params: list) -> int | None:
+    return rows_examined(statement, params, Checkpoint._meta.db_table, "c")
+
+
+def test_the_latest_checkpoint_is_read_from_the_end_of_the_index(long_chain):
+    statement = _get_statement(connection.vendor, by_id=False)
+    read = checkpoints_read(statement, ["t", ""])
+    assert read is None or read <= 2, f"{read} checkpoint rows read for the latest one"
+
+
+@pytest.mark.parametrize("where", ["latest", "before"])
+def test_a_page_of_a_chain_reads_its_checkpoints_only_whatever_the_chain_length(long_chain, where):
+    """A page of 10 reads about 10 checkpoint rows of a chain of 3,000 -- never the whole chain
+    and a sort (what a join of the head and the checkpoints made PostgreSQL do)."""
+    before = where == "before"
+    statement = _page_statement(connection.vendor, True, True, False, before, False)
+    bound = [long_chain[1500]] if before else []
+    read = checkpoints_read(statement, ["t", "", *bound, 10])
+    assert read is None or 10 <= read <= 11, f"{read} checkpoint rows read for a page of 10"
