@@ -27,13 +27,15 @@ demo:
 
 # Benchmarks against the raw drivers and LangGraph's stores: docs/benchmarks.{json,md,png},
 # semantic search against LangGraph's: docs/search-benchmarks-sqlite.{json,png}, and the agent
-# frameworks' sessions against their own backends: docs/session-benchmarks.{json,md}.
+# frameworks' sessions against their own backends: docs/session-benchmarks.{json,md}, and the
+# LangGraph checkpointer against LangGraph's: docs/checkpointer-benchmarks.{json,md}.
 bench:
 	@bash scripts/bootstrap.sh
 	@bash scripts/services.sh
 	@.venv/bin/python bench/run.py
 	@.venv/bin/python bench/search.py --write
 	@.venv/bin/python bench/sessions.py
+	@.venv/bin/python bench/checkpointers.py
 
 # The same in under a minute, into out/ (CI runs it; it asserts no speed).
 bench-quick:
@@ -42,6 +44,7 @@ bench-quick:
 	@.venv/bin/python bench/run.py --quick
 	@.venv/bin/python bench/search.py --sizes 1000 --queries 5
 	@.venv/bin/python bench/sessions.py --quick
+	@.venv/bin/python bench/checkpointers.py --quick
 
 lint:
 	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .

@@ -788,3 +788,7 @@ def log_events(log: Log, before: int | None) -> tuple[list[dict[str, Any]], int 
     )
     older = rows[LOG_PAGE - 1]["version"] if len(rows) > LOG_PAGE else None
     return rows[:LOG_PAGE], older
+
+
+# The admin of LangGraph checkpoint chains (registers CheckpointThreadAdmin).
+from . import checkpoint_admin  # noqa: E402, F401

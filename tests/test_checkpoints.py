@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agentmemory.checkpoints import _get_statement, _page_statement
+from agentmemory.checkpoints import _get_statement, _page_statement, _statements
 from agentmemory.models import Checkpoint, CheckpointThread
 
 from .helpers import analyze, rows_examined
@@ -22,7 +22,15 @@ LENGTH = 3000
 @pytest.fixture
 def long_chain() -> list[str]:
     """A chain of 3,000 checkpoints beside another chain of the same thread and another
-    thread's (their rows in the same index); the ids of the long one, oldest first."""
+    thread's (their rows in the same index), with the server's statistics up to date; the ids
+    of the long one, oldest first."""
+    ids = fill()
+    with connection.cursor() as cursor:
+        analyze(cursor, Checkpoint)
+    return ids
+
+
+def fill() -> list[str]:
     now = timezone.now()
     ids = [f"1f1f0000-0000-6000-8000-{n:012d}" for n in range(LENGTH)]
     for thread, ns, count in (("t", "", LENGTH), ("t", "child:1", 50), ("other", "", 500)):
@@ -44,8 +52,6 @@ def long_chain() -> list[str]:
             ],
             batch_size=500,
         )
-    with connection.cursor() as cursor:
-        analyze(cursor, Checkpoint)
     return ids
 
 
@@ -68,3 +74,14 @@ def test_a_page_of_a_chain_reads_its_checkpoints_only_whatever_the_chain_length(
     bound = [long_chain[1500]] if before else []
     read = checkpoints_read(statement, ["t", "", *bound, 10])
     assert read is None or 10 <= read <= 11, f"{read} checkpoint rows read for a page of 10"
+
+
+def test_a_put_finds_the_latest_checkpoint_from_the_end_of_the_index():
+    """The compare-and-set of a put reads one row for the chain's latest checkpoint, even on a
+    table grown since its last ANALYZE (here: never analyzed), where PostgreSQL aggregated the
+    whole chain for MAX(checkpoint_id)."""
+    long_chain = fill()
+    head = CheckpointThread.objects.get(thread_id="t", checkpoint_ns="").pk
+    statement = _statements(connection.vendor).probe
+    read = checkpoints_read(statement, [head, long_chain[10], head])
+    assert read is None or read <= 2, f"{read} checkpoint rows read by a put's probe"
