@@ -36,7 +36,8 @@ from django.db import connections
 from django.db.models import Q
 
 from . import clock, sql
-from .defects import failpoint_before_checkpoint
+from .defects import NONE as NO_DEFECTS
+from .defects import Defect, Defects, failpoint_before_checkpoint
 from .errors import CheckpointConflict
 from .models import Checkpoint, CheckpointBlob, CheckpointThread, CheckpointWrite
 from .retries import Retrier
@@ -89,12 +90,16 @@ class CheckpointPath:
     ``row_lock=False`` is the store's declared unsafe seam here too: a put compares its parent
     with the latest checkpoint it read *before* taking the lock, then writes -- two writers
     that loaded one latest checkpoint both extend it (a silent fork). For the tests and
-    memcheck that show the checks catch it; never for real data."""
+    memcheck that show the checks catch it; never for real data. ``defects``: the planted bugs of
+    :mod:`agentmemory.defects` that live here (memcheck's self-test only)."""
 
-    def __init__(self, using: str, retrier: Retrier, *, row_lock: bool = True) -> None:
+    def __init__(
+        self, using: str, retrier: Retrier, *, row_lock: bool = True, defects: Defects = NO_DEFECTS
+    ) -> None:
         self.using = using
         self.retrier = retrier
-        self.row_lock = row_lock
+        self.row_lock = row_lock and Defect.UNLOCKED_CHECKPOINT not in defects
+        self.defects = defects
 
     # ------------------------------------------------------------------ mutations
 
@@ -161,6 +166,8 @@ class CheckpointPath:
         if not writes:
             return
 
+        if len(writes) > 1 and Defect.LOST_PENDING_WRITE in self.defects:
+            writes = writes[:-1]
         plain = [w for w in writes if w[0] >= 0]
         special = [w for w in writes if w[0] < 0]
 
@@ -274,6 +281,8 @@ class CheckpointPath:
 
         def work() -> StoredCheckpoint | None:
             statement = _get_statement(connections[self.using].vendor, checkpoint_id is not None)
+            if checkpoint_id is None and Defect.STALE_CHECKPOINT_READ in self.defects:
+                statement = statement.replace("LIMIT 1", "LIMIT 1 OFFSET 1")
             params = [thread_id, checkpoint_ns]
             rows = self._run(
                 statement, params if checkpoint_id is None else [*params, checkpoint_id]
@@ -310,8 +319,10 @@ class CheckpointPath:
             after is not None,
         )
 
+        skip = after is None and Defect.LIST_SKIPS_NEWEST in self.defects
+
         def work() -> list[StoredCheckpoint]:
-            rows = self._run(statement, [*params, size])
+            rows = self._run(statement, [*params, size + skip])[skip:]
             if one_chain:
                 return self._complete(rows, [(thread_id, checkpoint_ns)] * len(rows))
             return self._complete([row[:-2] for row in rows], [row[-2:] for row in rows])
@@ -428,6 +439,12 @@ class CheckpointPath:
                 .values_list("id", flat=True)
             )
             if not ids:
+                return
+            if Defect.DELETE_LEAVES_LATEST in self.defects:
+                for head_id in ids:
+                    rows = Checkpoint.objects.using(self.using).filter(thread_id=head_id)
+                    latest = rows.order_by("-checkpoint_id").values_list("id", flat=True)[:1]
+                    rows.exclude(id__in=list(latest)).delete()
                 return
             for model in (CheckpointWrite, CheckpointBlob, Checkpoint):
                 model.objects.using(self.using).filter(thread_id__in=ids).delete()

@@ -46,6 +46,11 @@ class Defect(StrEnum):
     SKIPPED_ITEM_NUMBER = "skipped-log-number"
     NON_ATOMIC_APPEND = "non-atomic-log-append"
     READ_SHOWS_POPPED = "read-log-shows-popped"
+    UNLOCKED_CHECKPOINT = "unlocked-checkpoint-put"
+    LOST_PENDING_WRITE = "lost-pending-write"
+    STALE_CHECKPOINT_READ = "stale-checkpoint-read"
+    LIST_SKIPS_NEWEST = "list-skips-newest-checkpoint"
+    DELETE_LEAVES_LATEST = "delete-leaves-checkpoint"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -74,6 +79,12 @@ DESCRIPTIONS = {
     Defect.SKIPPED_ITEM_NUMBER: "the third item of a log is numbered 4",
     Defect.NON_ATOMIC_APPEND: "an append of several items commits them one at a time",
     Defect.READ_SHOWS_POPPED: "read_log does not leave out the items that were popped",
+    Defect.UNLOCKED_CHECKPOINT: "a checkpoint put compares its parent with the latest "
+    "checkpoint read before it takes the chain's lock",
+    Defect.LOST_PENDING_WRITE: "put_writes of several writes stores all but the last",
+    Defect.STALE_CHECKPOINT_READ: "the latest checkpoint is read as the one before it",
+    Defect.LIST_SKIPS_NEWEST: "a listing of checkpoints leaves out the newest",
+    Defect.DELETE_LEAVES_LATEST: "delete_thread deletes every checkpoint but the latest",
 }
 
 #: Defects that live in the Redis tier: without one, there is nothing to break.
@@ -85,6 +96,17 @@ CACHE_DEFECTS = frozenset(
         Defect.ERASE_LEAVES_CACHE,
         Defect.TRANSACTION_READS_CACHE,
         Defect.FRACTURED_READ,
+    }
+)
+
+#: Defects of the checkpoint chains: only the checkpoint workload can show them.
+CHECKPOINT_DEFECTS = frozenset(
+    {
+        Defect.UNLOCKED_CHECKPOINT,
+        Defect.LOST_PENDING_WRITE,
+        Defect.STALE_CHECKPOINT_READ,
+        Defect.LIST_SKIPS_NEWEST,
+        Defect.DELETE_LEAVES_LATEST,
     }
 )
 

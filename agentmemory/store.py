@@ -94,7 +94,9 @@ class MemoryStore:
         self._logs = LogPath(self.using, self._retrier, row_lock=row_lock, defects=self.defects)
         #: The checkpoint chains of this database (LangGraph's checkpointer stores through it:
         #: :class:`~agentmemory.integrations.langgraph.AgentMemorySaver`).
-        self.checkpoints = CheckpointPath(self.using, self._retrier, row_lock=row_lock)
+        self.checkpoints = CheckpointPath(
+            self.using, self._retrier, row_lock=row_lock, defects=self.defects
+        )
         self._search: SearchEngine | None = (
             SearchEngine(self.using, self.index, self._reads, self._writes, defects=self.defects)
             if self.index is not None

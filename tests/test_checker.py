@@ -321,6 +321,12 @@ def test_every_check_has_a_planted_case_here_or_a_database_test():
         "log-sequence",
         "log-pop",
         "log-read",
+        # the checkpoint checks: tests/test_checkpoint_checker.py
+        "checkpoint-fork",
+        "checkpoint-write",
+        "checkpoint-read",
+        "checkpoint-list",
+        "checkpoint-delete",
     }
     assert set(CHECKS) == set(CASES) | elsewhere
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..records import VALUE_OPS
 from . import semantic
-from .history import IN_TRANSACTION, LOG_KINDS, History, Operation, token_of
+from .history import CHECKPOINT_KINDS, IN_TRANSACTION, LOG_KINDS, History, Operation, token_of
 from .state import CachedEntry, StoredKey, StoredVersion
 
 #: Every check, in report order, with what it proves.
@@ -52,6 +52,15 @@ CHECKS = {
     "log-pop": "no log item is popped twice, and a pop removes exactly the item it returned",
     "log-read": "a log read returns items in order, as stored, none removed before it began, every "
     "one acknowledged before it began and not removed before it ended, never going back",
+    "checkpoint-fork": "no checkpoint has two children made by steps that each loaded it as the "
+    "latest (a silent fork); a fork asked for is a child of the checkpoint it asked for",
+    "checkpoint-write": "every acknowledged checkpoint and pending write is stored once, as given; "
+    "a failed one not at all; every stored one was made by a call that did not fail",
+    "checkpoint-read": "a read of a thread's latest checkpoint returns a stored one with its own "
+    "value, none older than one acknowledged before the read began, with its acknowledged writes",
+    "checkpoint-list": "a listing of checkpoints is newest first and leaves out none acknowledged "
+    "before it began that is newer than the oldest it shows",
+    "checkpoint-delete": "after delete_thread, the thread holds no checkpoint",
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
     "lost-by-database": "no acknowledged write is lost by the database itself (a failover to an "
     "asynchronous standby): such losses are reported apart, naming the failover, and the other "
@@ -221,7 +230,11 @@ def check_history(
     the database failovers injected during the run (each with ``crashed_at``, ``promoted_at``
     and ``timelines``), whose losses are the database's own (:func:`database_losses`)."""
     anomalies, history = database_losses(history, state, list(failovers))
-    keyed = {pair: ops for pair, ops in history.by_key().items() if ops[0].kind not in LOG_KINDS}
+    keyed = {
+        pair: ops
+        for pair, ops in history.by_key().items()
+        if ops[0].kind not in LOG_KINDS | CHECKPOINT_KINDS
+    }
     for (session_id, key), stored in sorted(state.items()):
         anomalies += audit_key(session_id, key, stored)
         anomalies += _check_key(session_id, key, keyed.get((session_id, key), []), stored)

@@ -17,6 +17,9 @@ WRITE_KINDS = frozenset(
 READ_KINDS = frozenset({"recall"})
 #: The log workload's kinds (:mod:`agentmemory.consistency.logs`): judged by the log checks only.
 LOG_KINDS = frozenset({"log-append", "log-retry", "log-pop", "log-clear", "log-read"})
+#: The checkpoint workload's kinds (:mod:`agentmemory.consistency.checkpoints`): judged by the
+#: checkpoint checks only.
+CHECKPOINT_KINDS = frozenset({"cp-put", "cp-fork", "cp-writes", "cp-read", "cp-list", "cp-delete"})
 #: The error of a call whose caller's own transaction met a transient error (the store cannot
 #: retry inside it): expected -- a conflict rolled it back (fail), a lost connection left its
 #: outcome unknown (info).

@@ -182,7 +182,20 @@ def _plots(ops: list, start: float, windows: list, folder: Path) -> list[dict[st
 #: Seconds of the key's history drawn on each side of an anomaly's operations.
 TIMELINE_MARGIN = 0.3
 #: Kinds drawn as writes besides the history's write kinds (WRITE_KINDS).
-WRITING = frozenset({"forget", "erase", "log-append", "log-retry", "log-pop", "log-clear"})
+WRITING = frozenset(
+    {
+        "forget",
+        "erase",
+        "log-append",
+        "log-retry",
+        "log-pop",
+        "log-clear",
+        "cp-put",
+        "cp-fork",
+        "cp-writes",
+        "cp-delete",
+    }
+)
 #: Most operations drawn on one timeline (the ones nearest the anomaly's).
 TIMELINE_OPS = 60
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
+from .checkpoints import StoredChain, check_checkpoints
 from .history import History, Operation
 from .logs import StoredLog, check_logs
 from .pg_failover import Failover
@@ -31,6 +32,7 @@ class Final:
     state: dict[tuple[str, str], StoredKey] = field(default_factory=dict)
     duplicates: dict[tuple[str, str], int] = field(default_factory=dict)
     logs: dict[tuple[str, str], StoredLog] = field(default_factory=dict)
+    checkpoints: dict[str, StoredChain] = field(default_factory=dict)
     cached: dict[tuple[str, str], CachedEntry | None] = field(default_factory=dict)
     looked_at: float = 0.0  # when Redis was read (POSIX seconds)
     failovers: list[Failover] = field(default_factory=list)
@@ -40,6 +42,7 @@ class Final:
         found = duplicate_rows(self.duplicates)
         found += check_history(history, self.state, self.failovers)
         found += check_logs(history.operations, self.logs, self.failovers)
+        found += check_checkpoints(history.operations, self.checkpoints, self.failovers)
         found += cache_divergence(self.cached, self.state, now=self.looked_at)
         return found
 
@@ -67,6 +70,7 @@ class Final:
                     ]
                     for (s, k), v in self.logs.items()
                 ],
+                "checkpoints": {t: asdict(c) for t, c in self.checkpoints.items()},
                 "cached": pairs(self.cached),
                 "looked_at": self.looked_at,
                 "failovers": [asdict(f) for f in self.failovers],
@@ -89,6 +93,13 @@ class Final:
             state={(s, k): stored(v) for s, k, v in line["state"]},
             duplicates={(s, k): v for s, k, v in line["duplicates"]},
             logs={(s, k): log(v) for s, k, v in line["logs"]},
+            checkpoints={
+                thread: StoredChain(
+                    {cid: tuple(row) for cid, row in chain["checkpoints"].items()},  # type: ignore[misc]
+                    chain["writes"],
+                )
+                for thread, chain in line.get("checkpoints", {}).items()
+            },
             cached={(s, k): None if v is None else CachedEntry(**v) for s, k, v in line["cached"]},
             looked_at=line["looked_at"],
             failovers=[

@@ -28,6 +28,7 @@ from ..store import MemoryStore
 from . import semantic
 from .bootstrap import setup_process
 from .checker import Anomaly
+from .checkpoints import delete_threads, load_chains
 from .faults import (
     CLIENT_TIMEOUT_SECONDS,
     LOCAL_FAULTS,
@@ -404,6 +405,7 @@ def _run(
             state=state,
             duplicates=duplicate_keys(database, sessions),
             logs=load_logs(database, sessions),
+            checkpoints=load_chains(database, sessions),
             cached=cached_entries(store.cache, state),
             looked_at=time.time(),
             failovers=list(failovers),
@@ -412,8 +414,10 @@ def _run(
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)
-            for session_id in run_sessions(database, run_id, sessions):
+            ran = run_sessions(database, run_id, sessions)
+            for session_id in ran:
                 cleaner.erase_session(session_id)
+            delete_threads(cleaner, sessions)
         for alias in aliases:
             connections[alias].close()
     return RunResult(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
-from ..defects import CACHE_DEFECTS, DESCRIPTIONS, LOG_DEFECTS, Defect
+from ..defects import CACHE_DEFECTS, CHECKPOINT_DEFECTS, DESCRIPTIONS, LOG_DEFECTS, Defect
 from .checker import DATABASE_OWN
 from .runner import RunResult, make_store, run_memcheck
 from .workloads import WorkloadConfig
@@ -77,6 +77,8 @@ def not_applicable(
         return "the search workload does not run (numpy is not installed, or --workloads)"
     if defect in LOG_DEFECTS and "log" not in workloads:
         return "the log workload does not run (--workloads)"
+    if defect in CHECKPOINT_DEFECTS and "checkpoint" not in workloads:
+        return "the checkpoint workload does not run (--workloads)"
     if defect in CACHE_DEFECTS and cache is None:
         return "no cache tier (AGENTMEMORY['CACHE'] is not set)"
     if defect is Defect.NOT_RETRIED:

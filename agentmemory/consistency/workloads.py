@@ -21,7 +21,10 @@ Eleven workloads, all on by default (``WorkloadConfig.workloads``):
   recomputes from the value returned (memcheck's own deterministic embedder, never the project's
   model);
 - ``log``: streams ``log-N`` -- appends (single, batches failed midway by an injected failure,
-  retried with their idempotency key), pops, clears and reads (:mod:`.logs`).
+  retried with their idempotency key), pops, clears and reads (:mod:`.logs`);
+- ``checkpoint``: LangGraph checkpoint chains ``<session>:cp-N`` -- steps that extend the latest
+  checkpoint, forks from an older one, pending writes (some saved twice), reads, listings, and
+  ``delete_thread`` of a thread of the client's own (:mod:`.checkpoints`).
 
 Every value written embeds its op id, session and key, so every read maps to one write; a
 ``recall_many`` is recorded as one read per key.
@@ -48,10 +51,10 @@ from django.db import DatabaseError, connections, transaction
 from .. import clock
 from ..conf import get_config
 from ..defects import InjectedFailure, fail_after_first_key
-from ..errors import InvalidMemory, MemoryUnavailable, VersionConflict
+from ..errors import CheckpointConflict, InvalidMemory, MemoryUnavailable, VersionConflict
 from ..store import MemoryStore
 from ..vendors import Transient, classify
-from . import logs, semantic
+from . import checkpoints, logs, semantic
 from .faults import WORKER_THREAD_PREFIX
 from .history import IN_TRANSACTION, History, Operation
 
@@ -68,6 +71,7 @@ WORKLOADS = (
     "bad-input",
     "search",
     "log",
+    "checkpoint",
 )
 #: All of them -- but ``search`` only where numpy (which scores vectors) is installed.
 DEFAULT_WORKLOADS = tuple(w for w in WORKLOADS if w != "search" or semantic.available())
@@ -79,6 +83,7 @@ FAMILIES = {
     "many": ("many", 2),
     "search": ("search", 2),
     "log": ("log", 3),
+    "checkpoint": ("cp", 2),
 }
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
@@ -208,6 +213,10 @@ def _client(
             for op in ops:
                 if peer is not None and op.kind in logs.MUTATIONS and op.status == "ok":
                     out.append(_log_op(peer, rng, f"{op.id}-next", name, op.session_id, op.key))
+                if peer is not None and op.kind in checkpoints.MUTATIONS and op.status == "ok":
+                    out.append(
+                        _checkpoint_op(peer, rng, f"{op.id}-next", name, op.session_id, op.key)
+                    )
                 if peer is not None and op.is_write and op.status == "ok":
                     out.extend(
                         _ops(
@@ -250,6 +259,8 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
         return "many-read" if roll < 0.35 else "prefix-read" if roll < 0.5 else "many"
     if family == "log":
         return logs.choose_kind(rng)
+    if family == "cp":
+        return checkpoints.choose_kind(rng)
     if family == "search":
         return (
             "search"
@@ -288,6 +299,8 @@ def _ops(
     kind = kind or _choose_kind(rng, family, config)
     if kind in logs.KINDS:
         return [_log_op(store, rng, op_id, client, session_id, key, kind)]
+    if kind in checkpoints.KINDS:
+        return [_checkpoint_op(store, rng, op_id, client, session_id, key, kind)]
     if kind == "many":
         return _many(store, rng, op_id, client, session_id, config)
     if kind in ("many-read", "prefix-read"):
@@ -318,6 +331,25 @@ def _log_op(
         op_id, client, kind or "log-read", session_id, stream, invoked_at=0.0, node=store.using
     )
     return logs.run_op(store, rng, op, _call, whole=kind is None)
+
+
+def _checkpoint_op(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    key: str,
+    kind: str | None = None,
+    *,
+    whole: bool = False,
+) -> Operation:
+    """A call of the checkpoint workload; without ``kind``, a read of the latest checkpoint (a
+    read on the next node after a write, a final read)."""
+    op = Operation(
+        op_id, client, kind or "cp-read", session_id, key, invoked_at=0.0, node=store.using
+    )
+    return checkpoints.run_op(store, rng, op, _call, whole=whole)
 
 
 def _one_op(
@@ -409,6 +441,8 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         RolledBack,
         InjectedFailure,
         logs.RetryAnsweredDifferently,
+        CheckpointConflict,
+        checkpoints.DeletedThreadRead,
     ) as exc:
         op.status, op.error = "fail", f"{type(exc).__name__}: {exc}"
     except ErasedRead as exc:
@@ -437,6 +471,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
             "prefix-read",
             "search",
             *logs.KINDS,
+            *checkpoints.KINDS,
         ):
             op.result = result  # the caller unpacks it
         elif op.kind == "bad-input":
@@ -737,6 +772,19 @@ def final_reads(
                         op_id = f"final{round_}-{store.using}-{index}-{key}"
                         if family == "log":
                             op = _log_op(store, rng, op_id, "final", session_id, key)
+                        elif family == "cp":
+                            op = _checkpoint_op(store, rng, op_id, "final", session_id, key)
+                            history.extend([op])
+                            op = _checkpoint_op(
+                                store,
+                                rng,
+                                f"{op_id}-list",
+                                "final",
+                                session_id,
+                                key,
+                                "cp-list",
+                                whole=True,
+                            )
                         else:
                             op = _one_op(
                                 store, op_id, "final", session_id, key, config, "recall", rng
