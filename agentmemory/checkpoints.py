@@ -48,6 +48,8 @@ from .writes import UNLOCKED_GAP_SECONDS, one_write_at_a_time
 Typed = tuple[str, bytes]
 #: How many checkpoints one read of a listing fetches (with their blobs and writes).
 PAGE = 100
+#: The most keys of each kind (blobs, checkpoints' writes) one read of their rows asks for.
+BRANCHES = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,20 +394,23 @@ class CheckpointPath:
             write_keys += [head_id, checkpoint_id]
             for channel, version in versions.items():
                 blob_keys += [head_id, channel, version]
-        statement = _parts_statement(
-            connections[self.using].vendor, len(blob_keys) // 3, len(write_keys) // 2
-        )
         blobs: dict[tuple[int, str, str], Typed] = {}
         writes: dict[tuple[int, str], list[StoredWrite]] = {}
-        for source, head_id, a, b, c, d, idx, kind, data in self._run(
-            statement, [*blob_keys, *write_keys]
-        ):
-            if source == "b":
-                blobs[(head_id, a, b)] = (kind, bytes(data))
-            else:
-                writes.setdefault((head_id, a), []).append(
-                    StoredWrite(b, c, (kind, bytes(data)), d or "", idx)
-                )
+        vendor = connections[self.using].vendor
+        # A statement per BRANCHES keys (SQLite takes at most 500 in one compound SELECT).
+        for start in range(0, max(len(write_keys) // 2, len(blob_keys) // 3), BRANCHES):
+            some_writes = write_keys[2 * start : 2 * (start + BRANCHES)]
+            some_blobs = blob_keys[3 * start : 3 * (start + BRANCHES)]
+            statement = _parts_statement(vendor, len(some_blobs) // 3, len(some_writes) // 2)
+            for source, head_id, a, b, c, d, idx, kind, data in self._run(
+                statement, [*some_writes, *some_blobs]
+            ):
+                if source == "b":
+                    blobs[(head_id, a, b)] = (kind, bytes(data))
+                else:
+                    writes.setdefault((head_id, a), []).append(
+                        StoredWrite(b, c, (kind, bytes(data)), d or "", idx)
+                    )
         result = []
         for (thread, namespace), row in zip(chains, rows, strict=True):
             _row_id, head_id, checkpoint_id, parent, kind, data, mkind, mdata, raw = row
@@ -566,22 +571,25 @@ def _parts_statement(vendor: str, blobs: int, checkpoints: int) -> str:
     """The blobs of ``blobs`` (thread, channel, version) keys and the pending writes of
     ``checkpoints`` (thread, checkpoint id) keys, in one statement: rows of (source ``b`` or
     ``w``, thread, channel or checkpoint id, version or task id, channel, task path, idx, type,
-    blob)."""
+    blob).
+
+    A branch per key, each one exact lookup on its unique index: as one ``WHERE`` of OR-ed keys,
+    PostgreSQL took the thread id they share as the index condition and filtered every blob of
+    the thread by the rest (7.7 ms for a checkpoint's 2 blobs in a thread of 11,000)."""
     quote, _head, _checkpoint, blob, write = _tables(vendor)
     data = quote.format("blob")  # a reserved word in the MySQL family
-    parts = []
-    if blobs:
-        keys = " OR ".join(["(thread_id = %s AND channel = %s AND version = %s)"] * blobs)
-        parts.append(
-            f"SELECT 'b', thread_id, channel, version, NULL, NULL, NULL, type, {data} "
-            f"FROM {blob} WHERE ({keys}) AND type <> 'empty'"
-        )
-    keys = " OR ".join(["(thread_id = %s AND checkpoint_id = %s)"] * checkpoints)
-    parts.append(
-        f"SELECT 'w', thread_id, checkpoint_id, task_id, channel, task_path, idx, type, {data} "
-        f"FROM {write} WHERE {keys}"
+    blob_branch = (
+        f"SELECT 'b', thread_id, channel, version, NULL, NULL, NULL, type, {data} FROM {blob} "
+        "WHERE thread_id = %s AND channel = %s AND version = %s AND type <> 'empty'"
     )
-    return " UNION ALL ".join(parts)
+    write_branch = (
+        f"SELECT 'w', thread_id, checkpoint_id, task_id, channel, task_path, idx, type, {data} "
+        f"FROM {write} WHERE thread_id = %s AND checkpoint_id = %s"
+    )
+    # Each branch in parentheses: MySQL then keeps them apart; the first names the columns'
+    # types for the NULLs of the blob branches on PostgreSQL.
+    branches = [write_branch] * checkpoints + [blob_branch] * blobs
+    return " UNION ALL ".join(f"({branch})" if vendor == "mysql" else branch for branch in branches)
 
 
 @functools.lru_cache(maxsize=64)

@@ -85,3 +85,36 @@ def test_a_put_finds_the_latest_checkpoint_from_the_end_of_the_index():
     statement = _statements(connection.vendor).probe
     read = checkpoints_read(statement, [head, long_chain[10], head])
     assert read is None or read <= 2, f"{read} checkpoint rows read by a put's probe"
+
+
+def test_a_page_of_many_checkpoints_with_many_channels_reads_every_blob_and_write():
+    """A page of 100 checkpoints of 6 channels each: 600 blobs and 100 checkpoints' writes,
+    read a hundred keys a statement (SQLite refuses a compound SELECT of more than 500)."""
+    from agentmemory import MemoryStore
+    from agentmemory.checkpoints import NewBlob
+
+    chains = MemoryStore(cache=None).checkpoints
+    parent = None
+    for n in range(120):
+        checkpoint_id = f"{n:06d}"
+        versions = {f"ch{c}": f"{n}.{c}" for c in range(6)}
+        chains.put(
+            "wide",
+            "",
+            checkpoint_id,
+            parent,
+            expect=None,
+            checkpoint=("json", b"{}"),
+            metadata=("json", b"{}"),
+            run_id=None,
+            versions=versions,
+            blobs=[NewBlob(ch, v, ("json", f'"{v}"'.encode())) for ch, v in versions.items()],
+        )
+        chains.put_writes("wide", "", checkpoint_id, "task", "", [(0, "ch0", ("json", b"1"))])
+        parent = checkpoint_id
+    page = chains.page("wide", "", None, None, None, 100)
+    assert len(page) == 100
+    for found in page:
+        n = int(found.checkpoint_id)
+        assert found.blobs == {f"ch{c}": ("json", f'"{n}.{c}"'.encode()) for c in range(6)}
+        assert [w.task_id for w in found.writes] == ["task"]
