@@ -22,6 +22,7 @@ from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.integrations.langgraph_saver import EXPECT
 
 from .conftest import run_threads
+from .helpers import run_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,6 +148,30 @@ def test_a_config_built_by_hand_is_stored_by_langgraphs_rule(saver):
     for value in ("a", "b"):
         put_step(saver, config("by-hand", root_id), value)
     assert children(saver, "by-hand")[root_id] == 2
+
+
+def steps_in_a_process(thread: str, steps: int) -> int:
+    """``steps`` steps of a run on ``thread``, each retried on a conflict as a caller would
+    (load the new latest checkpoint, step again); returns the conflicts met."""
+    saver, conflicts, done = AgentMemorySaver(), 0, 0
+    while done < steps:
+        loaded = saver.get_tuple(config(thread))
+        try:
+            put_step(saver, loaded.config, f"step {done}")
+            done += 1
+        except CheckpointConflict:
+            conflicts += 1
+    return conflicts
+
+
+def test_four_processes_stepping_one_thread_leave_one_chain():
+    """Four processes, 15 steps each, on one thread: every step lands, in one chain, and the
+    races between them were conflicts the callers retried -- never a fork."""
+    put_step(AgentMemorySaver(), config("processes"), "root")
+    run_processes(steps_in_a_process, [("processes", 15)] * 4)
+    saver = AgentMemorySaver()
+    assert len(list(saver.list(config("processes")))) == 1 + 4 * 15
+    assert_linear(saver, "processes")
 
 
 # ---------------------------------------------------------------------- pending writes
