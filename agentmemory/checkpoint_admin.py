@@ -29,7 +29,7 @@ class CheckpointThreadAdmin(admin.ModelAdmin):
     delete_thread, prune): the admin shows, it does not edit."""
 
     change_form_template = "admin/agentmemory/checkpointthread/change_form.html"
-    list_display = ["thread", "namespace", "created_at"]
+    list_display = ["thread", "namespace", "version", "updated_at"]
     list_display_links = ["thread", "namespace"]
     search_fields = ["thread_id"]
     search_help_text = (
@@ -38,7 +38,7 @@ class CheckpointThreadAdmin(admin.ModelAdmin):
     ordering = ["thread_id", "checkpoint_ns"]  # along the unique index
     show_full_result_count = False
     list_per_page = 50
-    fields = ["thread_id", "checkpoint_ns", "created_at"]
+    fields = ["thread_id", "checkpoint_ns", "version", "created_at", "updated_at"]
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -260,6 +260,10 @@ class CheckpointThread(models.Model):
     id = models.BigAutoField(primary_key=True)
     thread_id = ExactCharField(max_length=THREAD_ID_MAX)
     checkpoint_ns = ExactCharField(max_length=CHECKPOINT_NS_MAX, blank=True)
+    # Counts the chain's puts and put_writes: each one writes the head as it locks it, so that
+    # on a Galera cluster two of them from different nodes conflict at certification (a row
+    # lock is local to its node; certification compares what transactions wrote).
+    version = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 

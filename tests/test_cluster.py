@@ -332,3 +332,38 @@ def test_appenders_and_poppers_on_every_node_keep_a_log_exact():
 
     popped = [p for mine in run_threads(popper, 3) for p in mine]
     assert sorted(popped) == sorted(map(tuple, items))
+
+
+def test_checkpoint_steps_from_every_node_never_fork_a_thread():
+    """LangGraph runs of one thread on three nodes, each step from the latest checkpoint it
+    loaded: every step lands in one chain (a node's row lock does not reach the others; the
+    cluster's certification refuses the loser, which the store retries into a conflict)."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from agentmemory import CheckpointConflict
+    from agentmemory.integrations.langgraph import AgentMemorySaver
+
+    savers = [AgentMemorySaver(MemoryStore(using=node, cache=None)) for node in NODES]
+    thread = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+    def put(saver, loaded):
+        checkpoint = empty_checkpoint()
+        saver.put(loaded, checkpoint, {"source": "loop", "step": 0}, {})
+
+    put(savers[0], thread)
+
+    def run(worker):
+        saver, done = savers[worker % 3], 0
+        while done < 10:
+            loaded = saver.get_tuple(thread)
+            try:
+                put(saver, loaded.config)
+                done += 1
+            except CheckpointConflict:
+                pass
+
+    run_threads(run, 6)
+    found = list(savers[2].list(thread))
+    parents = [f.parent_config["configurable"]["checkpoint_id"] for f in found if f.parent_config]
+    assert len(found) == 1 + 6 * 10
+    assert len(set(parents)) == len(parents), "a checkpoint has two children: a fork"
