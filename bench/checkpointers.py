@@ -146,9 +146,10 @@ def measure(
             "checkpoint_id": latest["configurable"]["checkpoint_id"],
         }
     }
+    run = uuid.uuid4().hex[:8]  # new tasks in every run: a repeated one writes nothing
     started = time.perf_counter()
     for n in range(calls):
-        saver.put_writes(older, [("messages", messages(n)[:1])] * 3, f"task-{n}", "~node")
+        saver.put_writes(older, [("messages", messages(n)[:1])] * 3, f"task-{run}-{n}", "~node")
     figures["put_writes"] = calls / (time.perf_counter() - started)
     figures["get_tuple"] = rate(calls, lambda: saver.get_tuple(base))
     figures["list"] = rate(calls, lambda: list(saver.list(base, limit=10)))
