@@ -645,8 +645,26 @@ LOG_PAGE = 50
 ITEM_CHARS = 500
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An admin that shows and never edits: what changes these rows is the agent's calls (a
+    log's append, pop, clear; a checkpointer's put, delete_thread, prune); the view permission
+    is enough to read them."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).using(admin_store().using)
+
+
 @admin.register(Log)
-class LogAdmin(admin.ModelAdmin):
+class LogAdmin(ReadOnlyAdmin):
     """Logs, read-only: the changelist of heads, and per log a page of its items and a page of
     its events, newest first, with links to older pages. What changes a log is the agent's
     calls (append, pop, clear): the admin shows, it does not edit."""
@@ -683,18 +701,6 @@ class LogAdmin(admin.ModelAdmin):
         "expires_at",
     ]
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # read-only: the view permission shows it
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # erase_session, or the agent's own clear_log
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).using(admin_store().using)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

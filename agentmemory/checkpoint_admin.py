@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from .admin import ReadOnlyAdmin
 from .models import Checkpoint, CheckpointThread, CheckpointWrite
 from .vendors import prefix_filter
 
@@ -24,7 +25,7 @@ BOUND_MAX = 255
 
 
 @admin.register(CheckpointThread)
-class CheckpointThreadAdmin(admin.ModelAdmin):
+class CheckpointThreadAdmin(ReadOnlyAdmin):
     """Checkpoint chains, read-only. What changes one is LangGraph's calls (put, put_writes,
     delete_thread, prune): the admin shows, it does not edit."""
 
@@ -40,20 +41,6 @@ class CheckpointThreadAdmin(admin.ModelAdmin):
     list_per_page = 50
     fields = ["thread_id", "checkpoint_ns", "version", "created_at", "updated_at"]
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # read-only: the view permission shows it
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # the saver's delete_thread or prune
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        from .admin import admin_store
-
-        return super().get_queryset(request).using(admin_store().using)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
