@@ -15,7 +15,6 @@ import difflib
 import json
 from collections.abc import Callable
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any
 
 from django import forms
@@ -33,7 +32,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from . import clock
-from .conf import get_config
+from .admin_base import ReadOnlyAdmin, admin_store
 from .errors import InvalidMemory, VersionConflict
 from .models import Log, LogEvent, LogItem, Memory, MemoryState, MemoryVersion, is_live
 from .records import VALUE_OPS
@@ -52,18 +51,6 @@ BULK_MAX = 1000
 #: pretty JSON: a line diff is quadratic in the worst case, and no memory may make the page slow.
 DIFF_MAX_LINES = 400
 DIFF_MAX_CHARS = 20_000
-
-
-def admin_store() -> MemoryStore:
-    """The store the admin reads and writes through: one per configured database and cache
-    (a new one per request would reset the cache tier's outage state and script cache)."""
-    config = get_config()
-    return _store_for(config["DATABASE"], config["CACHE"])
-
-
-@lru_cache(maxsize=8)
-def _store_for(database: str, cache: str | None) -> MemoryStore:
-    return MemoryStore(using=database, cache=cache)
 
 
 def _pretty(value: Any) -> str:
@@ -643,24 +630,6 @@ def _diff_lines(before: str, after: str) -> list[str] | None:
 LOG_PAGE = 50
 #: Characters of an item's JSON shown (cut in the database: an item of any size reads the same).
 ITEM_CHARS = 500
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """An admin that shows and never edits: what changes these rows is the agent's calls (a
-    log's append, pop, clear; a checkpointer's put, delete_thread, prune); the view permission
-    is enough to read them."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).using(admin_store().using)
 
 
 @admin.register(Log)

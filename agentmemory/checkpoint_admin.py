@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .admin import ReadOnlyAdmin
+from .admin_base import ReadOnlyAdmin
 from .models import Checkpoint, CheckpointThread, CheckpointWrite
 from .vendors import prefix_filter
 
