@@ -93,6 +93,7 @@ def _suite_env(session: nox.Session, name: str) -> dict[str, str]:
     folder = Path(session.create_tmp())
     return {
         "DATABASE_URL": f"sqlite:///{folder / f'{name}.sqlite3'}",
+        "OTHER_DATABASE_URL": f"sqlite:///{folder / f'{name}-other.sqlite3'}",
         "REDIS_URL": os.environ.get("MATRIX_REDIS_URL", f"redis://127.0.0.1:6379/{REDIS_DB}"),
     }
 

@@ -117,8 +117,13 @@ def databases_from_url(url: str) -> dict[str, dict]:
 
 DATABASES = {
     **databases_from_url(os.environ.get("DATABASE_URL") or f"sqlite:///{SQLITE_PATH}"),
-    # A second database, for the tests of a store (and the admin) on another alias than default.
-    "other": database_from_url(f"sqlite:///{BASE_DIR / 'agentmemory-other.sqlite3'}"),
+    # A second database, for the tests of a store (and the admin) on another alias than default:
+    # a SQLite file, OTHER_DATABASE_URL where two runs share this folder (the matrix's sessions:
+    # their own, so that no run meets another's test file -- "disk I/O error").
+    "other": database_from_url(
+        os.environ.get("OTHER_DATABASE_URL")
+        or f"sqlite:///{BASE_DIR / 'agentmemory-other.sqlite3'}"
+    ),
 }
 
 
