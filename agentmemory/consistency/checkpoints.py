@@ -64,7 +64,7 @@ def delete_thread_of(session_id: str, client: str) -> str:
 def choose_kind(rng: random.Random) -> str:
     return rng.choices(
         ["cp-read", "cp-put", "cp-writes", "cp-list", "cp-fork", "cp-delete"],
-        weights=[25, 35, 20, 10, 6, 4],
+        weights=[19, 38, 22, 8, 5, 8],
     )[0]
 
 
