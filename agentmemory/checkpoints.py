@@ -136,7 +136,7 @@ class CheckpointPath:
 
         def attempt(_retry: bool) -> None:
             now = clock.now()
-            head = self._lock(thread_id, checkpoint_ns, now, create=True)
+            head = self._lock(thread_id, checkpoint_ns, now)
             statements = self._statements()
             ((stored, latest),) = self._run(statements.probe, [head, checkpoint_id, head])
             encoded = sql.encode_json(versions)
@@ -179,7 +179,7 @@ class CheckpointPath:
         special = [w for w in writes if w[0] < 0]
 
         def attempt(_retry: bool) -> None:
-            head = self._lock(thread_id, checkpoint_ns, clock.now(), create=True)
+            head = self._lock(thread_id, checkpoint_ns, clock.now())
             statements = self._statements()
             for batch, statement in (
                 (plain, statements.add_writes),
@@ -226,7 +226,7 @@ class CheckpointPath:
             now = clock.now()
             db = self.using
             for head in CheckpointThread.objects.using(db).filter(thread_id=source):
-                copy = self._lock(target, head.checkpoint_ns, now, create=True)
+                copy = self._lock(target, head.checkpoint_ns, now)
                 for model, unique in (
                     (Checkpoint, ("checkpoint_id",)),
                     (CheckpointBlob, ("channel", "version")),
@@ -344,7 +344,7 @@ class CheckpointPath:
     def _statements(self) -> _Statements:
         return _statements(connections[self.using].vendor)
 
-    def _lock(self, thread_id: str, checkpoint_ns: str, now: datetime, *, create: bool) -> int:
+    def _lock(self, thread_id: str, checkpoint_ns: str, now: datetime) -> int:
         """The id of the chain's head, locked by writing it (created first: two writers racing
         to start a chain never make two heads, and neither sees an IntegrityError). Written,
         not only locked: a Galera node's row lock does not reach the other nodes, but two
