@@ -54,8 +54,16 @@ for backend in $BACKENDS; do
     continue
   fi
   echo "== pytest on $backend (${URLS[$backend]})"
-  # No test database file of an earlier run (nor its journal or WAL) may meet a new one.
-  rm -f test_agentmemory*.sqlite3* examples/agent_backend/test_agent_backend*.sqlite3*
+  # No test database file of an earlier run (nor its journal or WAL) may meet a new one: this
+  # run's own files only (CI runs another backend beside this one, OTHER_DATABASE_URL elsewhere).
+  other=${OTHER_DATABASE_URL:-sqlite:///$PWD/agentmemory-other.sqlite3}
+  if [[ $other == sqlite:///* ]]; then
+    other=${other#sqlite://}
+    rm -f "$(dirname "$other")/test_$(basename "$other")"*
+  fi
+  if [ "$backend" = sqlite ]; then
+    rm -f test_agentmemory.sqlite3* examples/agent_backend/test_agent_backend*.sqlite3*
+  fi
   log=$(mktemp)
   # Redis database 15 is the suite's own: the cache tests clear it.
   REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q "$@" 2>&1 | tee "$log"
