@@ -27,10 +27,15 @@ acknowledged write (contract semantic 7):
 * **Entries bound to a server process.** Redis can acknowledge a write and lose it: a restart
   from an RDB snapshot or an AOF that missed the last second, a replica promoted by Sentinel
   before it received the write. Every entry records the ``run_id`` of the server process that
-  stored it, and the read script compares it with the current ``run_id`` (``INFO server``, same
-  round trip): whatever a restarted server reloaded, or a promoted replica received, was stored
-  by another process and is a miss, refilled from the database under a lease. The fence a
-  snapshot restores is therefore harmless. ``FLUSHALL`` and eviction only delete (misses).
+  stored it, and a read trusts it only on the server process that stored it: whatever a
+  restarted server reloaded, or a promoted replica received, was stored by another process and
+  is a miss, refilled from the database under a lease. The fence a snapshot restores is
+  therefore harmless. ``FLUSHALL`` and eviction only delete (misses). A warm read is one plain
+  ``MGET`` of the fence and the entries, judged here against the ``run_id`` its connection
+  learned (``INFO server`` on that connection when it opened, again after every reconnect: a
+  TCP connection cannot outlive the process it was opened to); anything else -- a miss, a
+  tombstone, another stamp, no fence -- is read again by the read script, which compares with
+  the current ``run_id`` itself (``INFO server`` inside it) and takes the fill leases.
 
 * **Entries bound to a database epoch.** A database can lose writes it acknowledged too: a
   PostgreSQL failover to an asynchronous standby. Every entry also records the epoch of the
@@ -62,6 +67,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -431,45 +437,120 @@ class MemoryCache:
     # ------------------------------------------------------------------ reads
 
     def read(self, session_id: str, keys: Iterable[str]) -> dict[str, CachedRead]:
-        """One round trip: each key's entry, the fence, the Redis clock, and a fill lease for
-        each miss. Empty when Redis is unreachable (the caller reads the database)."""
+        """One round trip: each key's entry and the fence -- a plain ``MGET`` when every key is
+        a hit this server stored (:meth:`_read_warm`), else the read script: entries, fence,
+        server identity, the Redis clock and a fill lease for each miss. Empty when Redis is
+        unreachable (the caller reads the database)."""
         keys = list(keys)
         if not self.available:
             return {}
-        protected = "1" if self.protected else "0"
+        protected = self.protected
+        try:
+            replies = None
+            if len(keys) == 1 or Defect.FRACTURED_READ not in self.defects:
+                replies = self._read_warm(session_id, keys, protected)
+            if replies is None:
+                replies = self._read_by_script(session_id, keys, protected)
+        except Exception as exc:  # any Redis failure degrades to the database
+            self._failed(exc)
+            return {}
+        return self._judge(session_id, keys, replies)
+
+    def _read_warm(
+        self, session_id: str, keys: list[str], protected: bool
+    ) -> list[tuple[Any, int, int, None]] | None:
+        """The warm read: the fence and every entry in one plain ``MGET``, each entry judged
+        here -- a hit only if it is no tombstone and carries the stamp the read script would
+        trust: the ``run_id`` of the server process this connection is open to, and the
+        fence's epoch. None (the script then reads again) when any key is not such a hit, when
+        this connection's server is not known, or when the connection was lost (the script's
+        call retries it on a new one).
+
+        Sound because a TCP connection cannot outlive the Redis process it was opened to: the
+        ``run_id`` learned on it (:func:`_server_of`, ``INFO server`` on that connection, again
+        after every reconnect) is the ``run_id`` of the process that answers the ``MGET``, as
+        the script's own ``INFO`` would be. Behind a proxy that keeps client connections across
+        server restarts that would not hold: there ``INFO`` is not answered (twemproxy), no
+        server is known, and every read takes the script."""
+        pool = self.client.connection_pool
+        lost = _connection_errors()
+        try:
+            connection = pool.get_connection()
+        except lost:  # refused: the script's call retries (and, if it fails too, counts it)
+            return None
+        try:
+            server = _server_of(connection, forget_on_reconnect=self._relearns)
+            if not server:
+                return None
+            connection.send_command(
+                "MGET", self.fence_key, *(self.entry_key(session_id, k) for k in keys)
+            )
+            fence, *entries = connection.read_response()
+            if _server_of(connection, ask=False) != server:  # reconnected meanwhile
+                return None
+        except lost:
+            connection.disconnect()
+            return None
+        except BaseException:
+            connection.disconnect()  # an answer may be left unread on it
+            raise
+        finally:
+            pool.release(connection)
+        self._answered()
+        if fence is None:
+            return None
+        trusted = f"{server}/{_text(fence)}"
+        for raw in entries:
+            if raw is None:
+                return None
+            _, _, rest = raw.partition(b"|")
+            stamp_, _, payload = rest.partition(b"|")
+            if payload[:1] == b"~" or (protected and stamp_.decode() != trusted):
+                return None
+        return [(raw, 1, 0, None) for raw in entries]
+
+    def _read_by_script(
+        self, session_id: str, keys: list[str], protected: bool
+    ) -> list[tuple[Any, int, int, Any]]:
+        """The read script's answer for each key: (entry, fence present, Redis clock ms,
+        lease)."""
+        flag = "1" if protected else "0"
         fence = self.fence_key
         # Bounded: one call fills at most FILLS_PER_CALL keys (a recall_many of thousands of
         # missing keys must not cache thousands of absences).
         may_lease = ["1" if at < FILLS_PER_CALL else "0" for at in range(len(keys))]
         tokens = [self._token() for _ in keys]
-        try:
-            if len(keys) > 1 and Defect.FRACTURED_READ not in self.defects:
-                names = [name for key in keys for name in self._names(session_id, key)]
-                args = [x for pair in zip(tokens, may_lease, strict=True) for x in pair]
-                ((fence_present, redis_ms, *each),) = self._run(
-                    READ_MANY_SCRIPT, [([fence, *names], [self.lease_ms, protected, *args])]
-                )
-                replies = [
-                    (each[2 * at], fence_present, redis_ms, each[2 * at + 1])
-                    for at in range(len(keys))
-                ]
-            else:  # one key (or the defect: each key by its own script, at its own instant)
-                calls = []
-                for key, token, lease_flag in zip(keys, tokens, may_lease, strict=True):
-                    entry, lease = self._names(session_id, key)
-                    calls.append(
-                        ([entry, fence, lease], [token, self.lease_ms, lease_flag + protected])
-                    )
-                if len(calls) > 1:  # the defect: a round trip per key, a moment apart
-                    replies = []
-                    for call in calls:
-                        replies += self._run(READ_SCRIPT, [call])
-                        time.sleep(FRACTURED_GAP_SECONDS)
-                else:
-                    replies = self._run(READ_SCRIPT, calls)
-        except Exception as exc:  # any Redis failure degrades to the database
-            self._failed(exc)
-            return {}
+        if len(keys) > 1 and Defect.FRACTURED_READ not in self.defects:
+            names = [name for key in keys for name in self._names(session_id, key)]
+            args = [x for pair in zip(tokens, may_lease, strict=True) for x in pair]
+            ((fence_present, redis_ms, *each),) = self._run(
+                READ_MANY_SCRIPT, [([fence, *names], [self.lease_ms, flag, *args])]
+            )
+            return [
+                (each[2 * at], fence_present, redis_ms, each[2 * at + 1]) for at in range(len(keys))
+            ]
+        # One key (or the defect: each key by its own script, at its own instant).
+        calls = []
+        for key, token, lease_flag in zip(keys, tokens, may_lease, strict=True):
+            entry, lease = self._names(session_id, key)
+            calls.append(([entry, fence, lease], [token, self.lease_ms, lease_flag + flag]))
+        if len(calls) == 1:
+            return self._run(READ_SCRIPT, calls)
+        replies = []
+        for call in calls:  # the defect: a round trip per key, a moment apart
+            replies += self._run(READ_SCRIPT, [call])
+            time.sleep(FRACTURED_GAP_SECONDS)
+        return replies
+
+    @property
+    def _relearns(self) -> bool:
+        return Defect.SERVER_ID_KEPT not in self.defects
+
+    def _judge(
+        self, session_id: str, keys: list[str], replies: list[tuple[Any, int, int, Any]]
+    ) -> dict[str, CachedRead]:
+        """What each key's reply means: a hit (decoded, its expiry checked), a miss (with the
+        lease it took, if any), or nothing to trust (no fence)."""
         now = clock.now()
         found = {}
         for index, (key, (raw, fence, redis_ms, lease)) in enumerate(
@@ -804,6 +885,53 @@ def stamp(run_id: str, database_epoch: str) -> str:
 def _digest(session_id: str, key: str) -> str:
     """The hash naming a key's entry and lease in Redis (fixed length, whatever the ids)."""
     return hashlib.sha256(f"{session_id}\x00{key}".encode()).hexdigest()[:40]
+
+
+class _Server:
+    """The Redis server process one connection is open to: its ``run_id``, learned on that
+    connection and forgotten when it reconnects (redis-py calls :meth:`reconnected` on every
+    new socket)."""
+
+    __slots__ = ("__weakref__", "run_id")
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+
+    def reconnected(self, _connection: Any) -> None:
+        self.run_id = None
+
+
+#: Where a redis-py connection keeps its :class:`_Server` (an attribute of ours on it).
+_SERVER = "_agentmemory_server"
+_RUN_ID = re.compile(rb"^run_id:([0-9a-f]+)", re.MULTILINE)
+
+
+def _server_of(
+    connection: Any, *, forget_on_reconnect: bool = True, ask: bool = True
+) -> str | None:
+    """The ``run_id`` of the server process ``connection`` is open to, asked on it (``INFO
+    server``) the first time and after every reconnect; ``""`` when the server does not say
+    (a proxy); None when not known and not ``ask``-ed. ``forget_on_reconnect=False`` is the
+    ``SERVER_ID_KEPT`` defect: the first answer is kept whatever the connection reconnects to."""
+    server = getattr(connection, _SERVER, None)
+    if server is None:
+        server = _Server()
+        setattr(connection, _SERVER, server)
+        if forget_on_reconnect:
+            connection.register_connect_callback(server.reconnected)
+    if server.run_id is None and ask:
+        connection.send_command("INFO", "server")
+        found = _RUN_ID.search(connection.read_response() or b"")
+        server.run_id = found.group(1).decode() if found else ""
+    return server.run_id
+
+
+@functools.cache
+def _connection_errors() -> tuple[type[Exception], ...]:
+    """redis-py's lost connection (refused, reset: worth one more try on a new one)."""
+    from redis.exceptions import ConnectionError as Lost  # redis-py is an optional dependency
+
+    return (Lost,)
 
 
 @functools.cache

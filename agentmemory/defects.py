@@ -42,6 +42,7 @@ class Defect(StrEnum):
     STALE_VECTOR = "stale-vector"
     SEARCH_IGNORES_EXPIRY = "search-ignores-expiry"
     FRACTURED_READ = "fractured-read"
+    SERVER_ID_KEPT = "server-id-kept-on-reconnect"
     UNLOCKED_POP = "unlocked-log-pop"
     SKIPPED_ITEM_NUMBER = "skipped-log-number"
     NON_ATOMIC_APPEND = "non-atomic-log-append"
@@ -75,6 +76,8 @@ DESCRIPTIONS = {
     Defect.SEARCH_IGNORES_EXPIRY: "search lists memories whose TTL has passed (state only)",
     Defect.FRACTURED_READ: "recall_many reads its keys from Redis one at a time and only the "
     "misses from the database, each a moment apart",
+    Defect.SERVER_ID_KEPT: "a warm read trusts the Redis server identity its connection learned "
+    "first, also after the connection reconnects to another server process",
     Defect.UNLOCKED_POP: "a log pop picks the last item from a read made before it takes the lock",
     Defect.SKIPPED_ITEM_NUMBER: "the third item of a log is numbered 4",
     Defect.NON_ATOMIC_APPEND: "an append of several items commits them one at a time",
@@ -96,6 +99,7 @@ CACHE_DEFECTS = frozenset(
         Defect.ERASE_LEAVES_CACHE,
         Defect.TRANSACTION_READS_CACHE,
         Defect.FRACTURED_READ,
+        Defect.SERVER_ID_KEPT,
     }
 )
 

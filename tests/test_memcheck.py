@@ -11,6 +11,9 @@ from django.core.management import call_command
 from agentmemory import MemoryStore, clock
 from agentmemory.cache import encode_payload, stamp
 from agentmemory.consistency.pg_failover import is_ha_alias
+from agentmemory.consistency.selftest import run_self_test
+from agentmemory.consistency.workloads import WorkloadConfig
+from agentmemory.defects import Defect
 from agentmemory.models import Memory
 
 from .conftest import redis_alias
@@ -32,7 +35,10 @@ def test_memcheck_passes_on_the_locked_path_and_cleans_up(settings):
 
 
 def test_memcheck_unsafe_finds_lost_updates_with_counterexamples():
-    code, out = run("--ops", "800", "--workers", "8", "--unsafe")
+    # The memories' workloads only: with every workload, the unsafe log pops and checkpoint puts
+    # (0.2 s between read and write each) hold the workers, and a run of 800 calls has few
+    # concurrent appends left (lost-update 3 times in 2 of 3 runs; with these, 68 to 104 in 6 of 6).
+    code, out = run("--ops", "800", "--workers", "8", "--unsafe", "--workloads", "register,list")
     assert code == 1, out
     assert "lost-update         FAIL" in out
     assert "acknowledged append" in out
@@ -164,6 +170,20 @@ def test_cache_faults_catch_a_cache_tier_without_its_protection(settings):
         if found["stale-read"]:
             break
     assert code == 1 and found["stale-read"] >= 1, found
+
+
+@pytest.mark.slow
+def test_cache_faults_catch_a_warm_read_that_keeps_its_first_servers_identity():
+    """A warm hit is a plain MGET judged against the run_id its connection learned; a tier that
+    does not learn it again when the connection reconnects (the SERVER_ID_KEPT defect) trusts
+    what a Redis restarted from an older snapshot reloaded -- memcheck's restart fault shows it,
+    as a self-test variant with --faults cache."""
+    redis_alias()
+    config = WorkloadConfig(seconds=6, ops=None)
+    result = run_self_test(["default"], config, faults="cache", defects=[Defect.SERVER_ID_KEPT])
+    real, outcome = result.outcomes
+    assert real.passed, real
+    assert outcome.applicable and outcome.caught.get("stale-read", 0) >= 1, outcome
 
 
 def test_the_default_run_catches_a_tier_that_trusts_another_servers_entries(settings):

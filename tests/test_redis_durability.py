@@ -15,6 +15,7 @@ from django.core.cache import caches
 from agentmemory import MemoryStore
 from agentmemory.cache import entry_version
 from agentmemory.consistency.redis_servers import RedisServer, SentinelGroup
+from agentmemory.defects import Defect
 from project.settings import redis_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -75,6 +76,45 @@ def test_without_the_protection_a_restarted_redis_serves_the_older_version(
         acknowledged_v2(store, server)
         server.kill()
         time.sleep(delay)
+        server.start()
+        assert 1 in recalls(store)
+
+
+def test_a_warm_read_is_one_plain_mget(tmp_path, settings):
+    """A warm hit of one key, and of several, is a single MGET of the entries and the fence: no
+    script, no INFO -- the server's identity was asked once, on the connection."""
+    with RedisServer(tmp_path) as server:
+        store = cache_on(settings, "counted", server.url)
+        warm(store)
+        store.remember_many("s", {"a": 1, "b": 2})
+        store.recall_many("s", ["a", "b"])
+        before = server.client().info("commandstats")
+        recalls(store)
+        assert store.recall_many("s", ["a", "b", "k"]).keys() == {"a", "b", "k"}
+        assert store.last_read_source == "cache"
+        after = server.client().info("commandstats")
+    calls = {
+        name.removeprefix("cmdstat_"): stats["calls"] - before.get(name, {"calls": 0})["calls"]
+        for name, stats in after.items()
+    }
+    assert calls.get("mget") == RECALLS + 1, calls
+    assert not calls.get("evalsha") and not calls.get("eval"), calls
+    assert calls.get("info", 0) <= 1, calls  # the one INFO commandstats of this test
+
+
+def test_a_warm_read_that_kept_the_first_servers_identity_serves_the_older_version(
+    tmp_path, settings
+):
+    """The seam of the warm read's soundness: a connection that reconnects to a restarted Redis
+    must learn the new server's run_id. The SERVER_ID_KEPT defect keeps the first one, and the
+    entries the restart reloaded from the snapshot are served (the test above, broken)."""
+    with RedisServer(tmp_path) as server:
+        cache_on(settings, "restartable", server.url)
+        store = MemoryStore(cache="restartable", defects={Defect.SERVER_ID_KEPT})
+        warm(store)
+        server.save()
+        acknowledged_v2(store, server)
+        server.kill()
         server.start()
         assert 1 in recalls(store)
 

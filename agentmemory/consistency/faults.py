@@ -19,8 +19,9 @@ store's cache tier at it, with the configured cache's options:
 * ``cache-kill``: close the store's Redis connections server-side (``CLIENT KILL ADDR``).
 * ``cache-pause``: ``CLIENT PAUSE`` the primary for longer than the client's socket timeout: every
   cache call in flight times out, and Redis comes back later with whatever it held.
-* ``cache-restart``: ``kill -9`` the primary and start it again at once from an older snapshot
-  (taken at the start and after each restart or failover): Redis loses writes it acknowledged.
+* ``cache-restart``: the primary takes a snapshot, acknowledges more writes, then is ``kill -9``-ed
+  and started again at once from that snapshot: a new process of the same server, back with
+  entries its predecessor stored and older than what it acknowledged since.
 * ``cache-failover``: ``kill -9`` the primary; the sentinels promote the replica (whatever it had
   not received is lost); the old primary rejoins as the new replica.
 

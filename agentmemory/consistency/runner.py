@@ -181,7 +181,6 @@ def own_redis(kinds: tuple[str, ...]) -> Iterator[SentinelGroup | None]:
         tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder,
         SentinelGroup(Path(folder), down_after_ms=3000) as group,
     ):
-        group.keep_snapshot()
         options.update(
             CLIENT_CLASS="django_redis.client.SentinelClient",
             CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",

@@ -51,8 +51,9 @@ class Outcome:
 
 
 REAL = "(the real store)"
-#: Variants that show only under a database fault (a transient error to retry).
-NEEDS_FAULTS = frozenset({Defect.NOT_RETRIED})
+#: Variants that show only under a fault: a transient database error to retry; a Redis restart
+#: (a connection that reconnects to another server process).
+NEEDS_FAULTS = frozenset({Defect.NOT_RETRIED, Defect.SERVER_ID_KEPT})
 
 
 @dataclass
@@ -81,6 +82,11 @@ def not_applicable(
         return "the checkpoint workload does not run (--workloads)"
     if defect in CACHE_DEFECTS and cache is None:
         return "no cache tier (AGENTMEMORY['CACHE'] is not set)"
+    if defect is Defect.SERVER_ID_KEPT and cache is not None and faults not in ("cache", "all"):
+        return (
+            "no Redis server restarts here (--faults cache restarts the Redis memcheck starts, "
+            "and a connection reconnects to the new process)"
+        )
     if defect is Defect.NOT_RETRIED:
         if vendor == "sqlite":
             return (
