@@ -28,7 +28,8 @@ demo:
 # Benchmarks against the raw drivers and LangGraph's stores: docs/benchmarks.{json,md,png},
 # semantic search against LangGraph's: docs/search-benchmarks-sqlite.{json,png}, and the agent
 # frameworks' sessions against their own backends: docs/session-benchmarks.{json,md}, and the
-# LangGraph checkpointer against LangGraph's: docs/checkpointer-benchmarks.{json,md}.
+# LangGraph checkpointer against LangGraph's: docs/checkpointer-benchmarks.{json,md}, and when the
+# Redis tier pays (the database behind a delay proxy): docs/tier-benchmarks.{json,md,png}.
 bench:
 	@bash scripts/bootstrap.sh
 	@bash scripts/services.sh
@@ -36,6 +37,7 @@ bench:
 	@.venv/bin/python bench/search.py --write
 	@.venv/bin/python bench/sessions.py
 	@.venv/bin/python bench/checkpointers.py
+	@.venv/bin/python bench/tier.py
 
 # The same in under a minute, into out/ (CI runs it; it asserts no speed).
 bench-quick:
@@ -45,6 +47,7 @@ bench-quick:
 	@.venv/bin/python bench/search.py --sizes 1000 --queries 5
 	@.venv/bin/python bench/sessions.py --quick
 	@.venv/bin/python bench/checkpointers.py --quick
+	@.venv/bin/python bench/tier.py --quick --rtts 0,1
 
 lint:
 	@.venv/bin/python -m ruff check . && .venv/bin/python -m ruff format --check .
