@@ -30,7 +30,8 @@ declare -A URLS=(
   # The same server with psycopg's prepared statements (server-side binding, prepared on a
   # statement's 5th run): the configuration the benchmark recommends where no pooler in
   # transaction mode sits in between. Django's default above never prepares.
-  [postgres-prepared]="postgres://postgres@127.0.0.1:5432/agentmemory?server_side_binding=true&prepare_threshold=5"
+  # A database of its own (test_agentmemory_prepared): CI runs it beside the default binding's.
+  [postgres-prepared]="postgres://postgres@127.0.0.1:5432/agentmemory_prepared?server_side_binding=true&prepare_threshold=5"
   [galera]="$(bash scripts/cluster.sh url)"
   # A PostgreSQL HA cluster of two nodes under Patroni (scripts/pg-ha.sh): one alias over both
   # hosts that connects to the primary (target_session_attrs=read-write).
@@ -66,7 +67,7 @@ for backend in $BACKENDS; do
   fi
   log=$(mktemp)
   # Redis database 15 is the suite's own: the cache tests clear it.
-  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q "$@" 2>&1 | tee "$log"
+  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 "$@" 2>&1 | tee "$log"
   code=${PIPESTATUS[0]}
   line=$(grep -E '^[=]* ?[0-9]+ (passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//')
   passed=$(grep -oE '[0-9]+ passed' <<<"$line" | cut -d' ' -f1); passed=${passed:-0}

@@ -17,8 +17,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "agent_backend"
 
 
 def example_env() -> dict[str, str]:
-    """This run's server, but a database of the example's own (its test database is
-    test_agent_backend, never this suite's)."""
+    """This run's server, but a database of the example's own (``<this run's>_example``: its
+    test database is never this suite's)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
     # This suite's settings module is in the environment (pytest-django puts it there), and it
     # would win over the example's own: the example would then run on this suite's test database.
@@ -33,9 +33,9 @@ def example_env() -> dict[str, str]:
             port = cursor.fetchone()[0]
         (url,) = [one for one in urls if dj_database_url.parse(one)["PORT"] == port]
     if url and not url.startswith("sqlite"):
-        parsed = dj_database_url.parse(url)
-        env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/agent_backend"
-        assert parsed["NAME"] != "agent_backend"
+        # Named after this run's database: two runs on one server (CI's lanes) never share it.
+        name = dj_database_url.parse(url)["NAME"]
+        env["DATABASE_URL"] = url.rsplit("/", 1)[0] + f"/{name}_example"
     else:
         env.pop("DATABASE_URL", None)  # the example's own SQLite file
     if settings.AGENTMEMORY.get("CACHE"):

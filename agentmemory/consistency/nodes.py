@@ -48,8 +48,11 @@ def local_node(alias: str) -> LocalNode:
         raise NodeUnavailable(f"{alias!r} is not a MariaDB Galera node")
     try:
         pid_file = _pid_file(connection)
-    except DatabaseError:  # this connection died with an earlier fault: one fresh try
+    except DatabaseError:
+        # This connection died with an earlier fault, or the node is still joining after one
+        # ("WSREP has not yet prepared node for application use"): once it is Synced, a fresh try.
         connection.close()
+        wait_synced(alias)
         pid_file = _pid_file(connection)
     try:
         with open(pid_file, encoding="ascii") as handle:
