@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import threading
+import time
 from collections import Counter
 from typing import Annotated, Any, TypedDict
 
@@ -411,6 +412,13 @@ def test_a_crash_between_a_steps_writes_and_its_checkpoint_resumes_correctly(sav
                 runs[name] += 1
                 first = runs[name] == 1
             if crash_after and first:
+                # With "async", the thread's first checkpoint (the input's) may still be on its
+                # way here: on a loaded machine the failpoint then hit it, and nothing was left to
+                # resume from ("Received no input for __start__"). The crash is meant after it:
+                # wait until it is stored (the event), then arm.
+                deadline = time.monotonic() + 30
+                while saver.get_tuple(config("crash")) is None and time.monotonic() < deadline:
+                    time.sleep(0.005)
                 defects.fail_next_checkpoint()
             return {"log": [name]}
 
