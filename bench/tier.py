@@ -194,6 +194,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{r['writes_per_s']:,.0f} | {r['hit_share']:.0%} | "
                 f"{f'{ratio:.2f}' if cached else ''} |"
             )
+    lines += ["", "![recalls/s and latency against the added round trip](tier-benchmarks.png)"]
     return "\n".join(lines) + "\n"
 
 
