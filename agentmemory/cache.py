@@ -499,14 +499,9 @@ class MemoryCache:
         self._answered()
         if fence is None:
             return None
-        trusted = f"{server}/{_text(fence)}"
-        for raw in entries:
-            if raw is None:
-                return None
-            _, _, rest = raw.partition(b"|")
-            stamp_, _, payload = rest.partition(b"|")
-            if payload[:1] == b"~" or (protected and stamp_.decode() != trusted):
-                return None
+        trusted = stamp(server, _text(fence)) if protected else None
+        if any(raw is None or entry_version(raw, trusted) is None for raw in entries):
+            return None  # a miss, a tombstone, or another server's or epoch's entry
         return [(raw, 1, 0, None) for raw in entries]
 
     def _read_by_script(
