@@ -26,6 +26,12 @@ READY_TIMEOUT_SECONDS = 30.0
 #: them (an idle server crashes without them).
 WRITES_AFTER_SNAPSHOT = 50
 AFTER_SNAPSHOT_SECONDS = 1.0
+#: The longest a sentinel group waits for an event (a failover, a replica in sync). A failover
+#: normally takes 2-3 s; a sentinel that saw its timer late (a loaded machine) enters TILT mode
+#: and acts on nothing for 30 s, and a failed election is retried after twice the failover
+#: timeout: the deadline covers one of each.
+WAIT_SECONDS = 90.0
+FAILOVER_TIMEOUT_MS = 5000
 
 
 def free_port() -> int:
@@ -93,10 +99,18 @@ class RedisServer:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"redis-server on {self.port} exited: see {self.directory}")
             try:
-                if not self.client().info("persistence")["loading"]:
-                    return
+                info = self.client().info()
             except redis.RedisError:
-                pass
+                info = None
+            if info is not None and self.process is not None:
+                # Ours, not another process on a port that was free when we chose it (another
+                # run's server would answer until ours found the port taken and exited).
+                if info["process_id"] != self.process.pid:
+                    raise RuntimeError(
+                        f"another Redis (pid {info['process_id']}) answers on {self.port}"
+                    )
+                if not info["loading"]:
+                    return
             time.sleep(0.02)
         raise TimeoutError(f"redis-server on {self.port} not ready within {timeout} s")
 
@@ -162,7 +176,7 @@ class SentinelGroup:
                 f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
                 f"sentinel monitor {self.NAME} 127.0.0.1 {self.primary.port} 2\n"
                 f"sentinel down-after-milliseconds {self.NAME} {self.down_after_ms}\n"
-                f"sentinel failover-timeout {self.NAME} 10000\n"
+                f"sentinel failover-timeout {self.NAME} {FAILOVER_TIMEOUT_MS}\n"
             )
             self.sentinels.append(
                 subprocess.Popen(
@@ -183,8 +197,21 @@ class SentinelGroup:
         return redis.Redis(host="127.0.0.1", port=self.sentinel_ports[index], socket_timeout=5)
 
     def primary_port(self) -> int:
-        _host, port = self.sentinel_client().sentinel_get_master_addr_by_name(self.NAME)
-        return int(port)
+        """The primary a majority of the sentinels name (one sentinel may be down, or in its
+        TILT mode, or not yet told of a failover the others agreed on)."""
+        named: list[int] = []
+        for index in range(len(self.sentinel_ports)):
+            try:
+                _host, port = self.sentinel_client(index).sentinel_get_master_addr_by_name(
+                    self.NAME
+                )
+            except Exception:
+                continue
+            named.append(int(port))
+        for port in set(named):
+            if named.count(port) * 2 > len(self.sentinel_ports):
+                return port
+        raise RuntimeError(f"the sentinels do not agree on a primary: {named}")
 
     def current(self) -> tuple[RedisServer, RedisServer]:
         """(primary, replica) as the sentinels see them now."""
@@ -255,18 +282,30 @@ class SentinelGroup:
         except Exception:
             return False
 
-    def wait_until(self, condition: Any, timeout: float = 60.0) -> None:
+    def wait_until(self, condition: Any, timeout: float = WAIT_SECONDS) -> None:
         deadline = time.monotonic() + timeout
+        last: Exception | None = None
         while time.monotonic() < deadline:
             try:
                 if condition():
                     return
-            except Exception:
-                pass
+            except Exception as error:  # a server or sentinel not answering yet
+                last = error
             time.sleep(0.05)
         raise TimeoutError(
-            f"sentinel group under {self.directory}: condition not met in {timeout} s"
+            f"sentinel group under {self.directory}: condition not met in {timeout} s "
+            f"(last error: {last!r})\n" + self.logs()
         )
+
+    def logs(self, lines: int = 15) -> str:
+        """The last lines of each sentinel's log: what they saw and decided (a failover that did
+        not happen says why there)."""
+        parts = []
+        for index in range(len(self.sentinel_ports)):
+            log = self.directory / f"sentinel{index}" / "log"
+            text = log.read_text(errors="replace").splitlines() if log.exists() else []
+            parts.append(f"-- sentinel{index} ({log}):\n" + "\n".join(text[-lines:]))
+        return "\n".join(parts)
 
     def fail_over(self) -> None:
         """``kill -9`` the primary right now, then wait until the sentinels have promoted the
@@ -278,7 +317,6 @@ class SentinelGroup:
                 self.primary_port() == replica.port
                 and replica.client().execute_command("ROLE")[0] == b"master"
             ),
-            timeout=60,
         )
 
     def stop(self) -> None:
