@@ -30,7 +30,8 @@ from django.db import connections
 
 from agentmemory import MemoryStore, MemoryUnavailable
 from agentmemory.checks import check_durable_commits
-from agentmemory.consistency.pg_failover import crash_primary, replication_stopped
+from agentmemory.consistency import recorded
+from agentmemory.consistency.pg_failover import crash_primary, fail_over, replication_stopped
 from agentmemory.consistency.state import cached_versions
 
 from .conftest import redis_alias
@@ -412,3 +413,51 @@ def test_memcheck_finds_nothing_across_a_synchronous_failover(synchronous_mode):
     code, report = memcheck("--faults", "db", "--seconds", "4", "--workers", "6")
     assert report["faults"]["injected"].get("db-failover") == 1, report["faults"]
     assert code == 0, report["anomalies"][:5]
+
+
+def test_memcheck_tells_a_failover_it_did_not_inject_by_the_timeline(tmp_path):
+    """The cluster fails over on its own during a run without faults (here: the same crash as the
+    db-failover fault, made from outside memcheck, once its workers are writing): memcheck sees
+    the timeline move, reports the failover as not injected, and blames what it lost on the
+    database. Checked again without that failover, the same history blames the store: what an
+    HA manager's own failover on a loaded machine made of a CI run before memcheck watched."""
+    redis_alias()
+    started = threading.Event()
+
+    def crash_once_writing() -> None:
+        try:
+            wait_for(lambda: memcheck_rows() > 0, "memcheck writing", seconds=30)
+            started.set()
+            fail_over("default")
+        finally:
+            connections.close_all()
+
+    crasher = threading.Thread(target=crash_once_writing)
+    crasher.start()
+    history = tmp_path / "history.jsonl"
+    try:
+        code, report = memcheck(
+            "--seconds", "14", "--workers", "6", "--workloads", "register,list",
+            "--history", str(history),
+        )  # fmt: skip
+    finally:
+        crasher.join()
+    assert started.is_set()
+    failovers = report["faults"]["failovers"]
+    assert [f["injected"] for f in failovers] == [False], failovers
+    assert report["faults"]["injected"] == {}, report["faults"]
+    checks = {anomaly["check"] for anomaly in report["anomalies"]}
+    assert code == 1 and checks == {"lost-by-database"}, [
+        (a["check"], a["message"]) for a in report["anomalies"][:5]
+    ]
+
+    ops, final = recorded.load(history)
+    final.failovers = []
+    blamed = {anomaly.check for anomaly in final.anomalies(ops)} - {"lost-by-database"}
+    assert blamed, "without the failover the history's losses would be the store's"
+
+
+def memcheck_rows() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM agentmemory_memory WHERE session_id LIKE 'memcheck-%'")
+        return cursor.fetchone()[0]

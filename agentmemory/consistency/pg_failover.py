@@ -25,6 +25,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ class Failover:
     crashed_at: float
     promoted_at: float
     timelines: tuple[str, str]
+    #: False for a failover the cluster made on its own during the run (:class:`TimelineWatch`
+    #: saw its timeline move): ``crashed_at`` is then the last time the old timeline answered.
+    injected: bool = True
 
 
 def is_ha_alias(alias: str) -> bool:
@@ -101,6 +105,71 @@ def fail_over(alias: str, stop: Any = None) -> Failover | None:
     return Failover(crashed_at, promoted_at, (primary.timeline, timeline))
 
 
+#: How often :class:`TimelineWatch` asks the primary for its timeline.
+WATCH_INTERVAL_SECONDS = 0.25
+
+
+class TimelineWatch:
+    """The primary's timeline, asked every :data:`WATCH_INTERVAL_SECONDS` for the whole run on a
+    connection of its own: a PostgreSQL cluster can fail over without memcheck's fault -- its HA
+    manager losing the leader key on a loaded machine, an operator's switchover, the user's real
+    deployment failing over -- and with asynchronous replication lose acknowledged writes then
+    too. Each move of the timeline that no injected failover explains is a :class:`Failover`
+    (``injected=False``) the checker tells the database's losses by, and the report names. Not
+    started for other vendors (no timeline to watch)."""
+
+    def __init__(self, alias: str, injected: list[Failover]) -> None:
+        self.alias = alias
+        self._injected = injected
+        self._moves: list[tuple[str, float, str, float]] = []  # old, last seen, new, first seen
+        self._seen: tuple[str, float] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memcheck-timeline", daemon=True)
+
+    def __enter__(self) -> TimelineWatch:
+        self._look()  # the timeline the run starts on, before any worker writes
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self._look()  # the timeline the run ends on
+
+    def _loop(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL_SECONDS):
+            self._look()
+
+    def _look(self) -> None:
+        try:
+            ((timeline,),) = _sql(self.alias, TIMELINE_SQL)
+        except Exception:  # no primary right now (a failover under way): look again later
+            return
+        now = clock.now().timestamp()
+        if self._seen is not None and int(timeline, 16) > int(self._seen[0], 16):
+            self._moves.append((self._seen[0], self._seen[1], timeline, now))
+        if self._seen is None or int(timeline, 16) >= int(self._seen[0], 16):
+            self._seen = (timeline, now)
+
+    @property
+    def failovers(self) -> list[Failover]:
+        """The failovers the cluster made that no injected one explains (call after stop)."""
+        explained = {f.timelines for f in self._injected}
+        return [
+            Failover(last_seen, first_seen, (old, new), injected=False)
+            for old, last_seen, new, first_seen in self._moves
+            if not any(self._covers(injected, old, new) for injected in explained)
+        ]
+
+    @staticmethod
+    def _covers(timelines: tuple[str, str], old: str, new: str) -> bool:
+        return int(timelines[0], 16) <= int(old, 16) and int(new, 16) <= int(timelines[1], 16)
+
+
 @contextlib.contextmanager
 def replication_stopped(alias: str) -> Iterator[int]:
     """Inside the block the primary's WAL senders are stopped (``SIGSTOP``): its standbys
@@ -123,11 +192,20 @@ def replication_stopped(alias: str) -> Iterator[int]:
 def crash_primary(alias: str) -> Any:
     """Kill the alias's primary as a power cut would: its Patroni and every PostgreSQL process
     at once (``SIGKILL``: nothing is flushed or sent). Returns what it takes to start that
-    Patroni again, once they are gone."""
+    Patroni again, once they are gone.
+
+    The postmaster is stopped (``SIGSTOP``) before its children are listed: it forks a backend
+    for each new connection, and one forked after the list would outlive the crash, an orphan
+    still answering its client (and still holding the shared memory the restarted node needs).
+    Then every process is stopped, and only then killed: none acts after another died."""
     primary = _primary(alias)
-    for pid in [primary.patroni_pid, primary.postmaster, *_children(primary.postmaster)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(primary.postmaster, signal.SIGSTOP)
+    doomed = [primary.patroni_pid, primary.postmaster, *_children(primary.postmaster)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
     for pid in (primary.patroni_pid, primary.postmaster):
         wait_gone(pid)
     return primary
@@ -264,9 +342,12 @@ def _sql(alias: str, sql: str) -> list[tuple[Any, ...]]:
         return list(link.execute(sql).fetchall())
 
 
+TIMELINE_SQL = "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
+
+
 def _newer_timeline(alias: str, old: str) -> str | None:
     try:
-        ((timeline,),) = _sql(alias, "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+        ((timeline,),) = _sql(alias, TIMELINE_SQL)
     except (DatabaseError, Exception):  # no primary yet: psycopg's OperationalError
         return None
     return timeline if int(timeline, 16) > int(old, 16) else None

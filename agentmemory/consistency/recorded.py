@@ -103,7 +103,12 @@ class Final:
             cached={(s, k): None if v is None else CachedEntry(**v) for s, k, v in line["cached"]},
             looked_at=line["looked_at"],
             failovers=[
-                Failover(f["crashed_at"], f["promoted_at"], tuple(f["timelines"]))  # type: ignore[arg-type]
+                Failover(
+                    f["crashed_at"],
+                    f["promoted_at"],
+                    tuple(f["timelines"]),  # type: ignore[arg-type]
+                    f.get("injected", True),
+                )
                 for f in line["failovers"]
             ],
         )

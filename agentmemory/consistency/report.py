@@ -66,6 +66,13 @@ def render_text(result: RunResult) -> str:
             )
     for error in result.fault_errors[:5]:
         lines.append(f"  fault not injected: {error}")
+    for failover in result.final.failovers:
+        if not failover.injected:
+            old, new = (int(t, 16) for t in failover.timelines)
+            lines.append(
+                f"  the database failed over on its own during the run (timeline {old} -> {new}, "
+                "not injected by memcheck): what it lost then is its own loss too"
+            )
     raised = result.raised
     calls = sum(1 for op in result.history.operations if op.client != "final")
     lines += checks_and_anomalies(result.anomalies, result.vendor, raised, calls)

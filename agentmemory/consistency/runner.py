@@ -40,6 +40,7 @@ from .faults import (
 from .history import History, Operation
 from .logs import load_logs
 from .nodes import client_timeouts
+from .pg_failover import Failover, TimelineWatch
 from .recorded import Final
 from .redis_servers import SentinelGroup
 from .state import cached_entries, duplicate_keys, load_state
@@ -137,6 +138,8 @@ class RunResult:
                 "injected": self.faults_injected,
                 "errors": self.fault_errors,
                 "redis": self.redis,
+                # Every failover of the database during the run, injected or not (POSIX times).
+                "failovers": [asdict(f) for f in self.final.failovers],
             },
             "anomalies": [a.as_dict() for a in self.anomalies],
         }
@@ -357,8 +360,14 @@ def _run(
         if set(kinds) & set(NODE_FAULTS)
         else nullcontext()
     )
+    injected_failovers: list[Failover] = []
+    watch = (
+        TimelineWatch(database, injected_failovers)
+        if connections[database].vendor == "postgresql"
+        else nullcontext()
+    )
     try:
-        with timeouts:
+        with timeouts, watch:
             shared = [k for k in kinds if not processes or k not in LOCAL_FAULTS]
             with Nemesis(
                 database,
@@ -391,12 +400,15 @@ def _run(
             injected.update(nemesis.counts)
             fault_errors += nemesis.errors
             windows += nemesis.windows
-            failovers = nemesis.failovers
+            injected_failovers += nemesis.failovers
             seconds = time.monotonic() - started
-            if failovers:  # this thread's connections went with the old primary
+            if injected_failovers:  # this thread's connections went with the old primary
                 for alias in aliases:
                     connections[alias].close()
             final_reads(stores, run_id, config, history)
+        failovers = injected_failovers + (
+            watch.failovers if isinstance(watch, TimelineWatch) else []
+        )
         for one in stores:
             retries.update(one.retries)
         state = load_state(database, sessions)
