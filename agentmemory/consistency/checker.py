@@ -268,6 +268,13 @@ def database_losses(
     lost_since: dict[tuple[str, str], float] = {}  # key -> when its first lost op was invoked
     for op in history.operations:
         pair = (op.session_id, op.key)
+        if op.status == "info" and op.is_write and op.invoked_at <= promoted:
+            # Unanswered (the crash took its answer): it may have committed on the old primary
+            # and been read there, and then been lost -- no anomaly (nothing acknowledged), but
+            # the reads after it judged a state the database no longer shows.
+            if token_of(op.value) not in {token for _, token in held.get(pair, ())}:
+                lost_since[pair] = min(lost_since.get(pair, op.invoked_at), op.invoked_at)
+            continue
         if op.status != "ok" or (op.completed_at or 0) > promoted:
             continue
         if op.is_write and (op.version, op.token) not in held.get(pair, ()):
