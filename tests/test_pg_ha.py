@@ -31,7 +31,12 @@ from django.db import connections
 from agentmemory import MemoryStore, MemoryUnavailable
 from agentmemory.checks import check_durable_commits
 from agentmemory.consistency import recorded
-from agentmemory.consistency.pg_failover import crash_primary, fail_over, replication_stopped
+from agentmemory.consistency.pg_failover import (
+    FAILOVER_TIMEOUT_SECONDS,
+    crash_primary,
+    fail_over,
+    replication_stopped,
+)
 from agentmemory.consistency.state import cached_versions
 
 from .conftest import redis_alias
@@ -119,7 +124,9 @@ def replayed_everywhere() -> bool:
 
 @pytest.fixture(autouse=True)
 def _cluster_healthy():
-    wait_for(healthy, "a leader and a streaming replica")
+    # As long as memcheck's failover fault gives the crashed node to stream again: on a loaded
+    # machine a rejoin (pg_rewind, then recovery) after the test before took more than 60 s.
+    wait_for(healthy, "a leader and a streaming replica", seconds=FAILOVER_TIMEOUT_SECONDS)
     connections.close_all()
     yield
     connections.close_all()
