@@ -124,7 +124,8 @@ class Statements:
     # insert_version statement); None elsewhere. See WritePath._blind_write.
     blind_write: str | None = None
     # PostgreSQL: the same for a write without expected_version, as an upsert -- a key that has
-    # no row yet gets its first version in the same one statement. None elsewhere.
+    # no row yet gets its first version in the same one statement: a call of the database's
+    # agentmemory_upsert function (migration 0008). None elsewhere.
     upsert_write: str | None = None
     # PostgreSQL: update_row and insert_version in one statement (the locked path under its row
     # lock: one round trip fewer while other writers of the key wait). None elsewhere.
@@ -155,11 +156,14 @@ class Statements:
         cannot feed an insert, PostgreSQL's CTE does it in the same statement."""
         assert self.blind_write is not None
         if expected is None and self.upsert_write is not None:
-            sql = self.upsert_write
-            params = [session_id, key, text, at, at, until, vector, name, at]
-        else:
-            sql = self.blind_write
-            params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
+            # PostgreSQL's agentmemory_upsert (migration 0008), the history version included.
+            return (
+                self.upsert_write,
+                [session_id, key, text, at, until, vector, name, request_id],
+                False,
+            )
+        sql = self.blind_write
+        params = [text, at, at, until, vector, name, session_id, key, at, expected, expected]
         if self.history_in_statement:
             params += [text, at, until, request_id, vector]
         return sql, params, not self.history_in_statement
@@ -232,18 +236,14 @@ def build_statements(
         )
         blind_write = f"WITH upd AS ({update_blind('%s::bigint')}), {history}"
         # A key with no row is inserted at version 1; a conflict takes the row lock and goes on
-        # as update_blind does (the same WHERE: a passed TTL is not overwritten here). Parameters:
-        # session_id, key, value, created_at, updated_at, expires_at, embedding, embedding_key,
-        # now, then the history's five.
+        # as update_blind does (the same WHERE: a passed TTL is not overwritten here), and the
+        # history version is inserted: the function migration 0008 creates, whose statement is
+        # planned once per connection (sent as a statement, it was parsed and planned at every
+        # call under Django's client-side binding). Parameters: session_id, key, value, now,
+        # expires_at, embedding, embedding_key, request_id.
         upsert_write = (
-            f"WITH upd AS (INSERT INTO {memory} AS m (session_id, {quote_key}, value, version, "
-            "state, created_at, updated_at, expires_at, history_from, embedding, embedding_key) "
-            f"VALUES (%s, %s, {json_param}, 1, 'live', %s, %s, %s, 1, %s, %s) "
-            f"ON CONFLICT (session_id, {quote_key}) DO UPDATE SET version = m.version + 1, "
-            f"value = EXCLUDED.value, state = 'live', {takes_over('m.', 'EXCLUDED.created_at')}, "
-            "updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at, "
-            "embedding = EXCLUDED.embedding, embedding_key = EXCLUDED.embedding_key "
-            f"WHERE {not_due('m.')} RETURNING id, version, created_at), {history}"
+            "SELECT id, version, created_at FROM agentmemory_upsert"
+            f"(%s, %s, {json_param}, %s, %s, %s, %s, %s)"
         )
     elif vendor == "sqlite" and update_returning:
         blind_write = update_blind("%s")

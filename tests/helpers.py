@@ -79,16 +79,21 @@ def statements_sent() -> Iterator[list[str]]:
 
 
 def is_write_statement(sql: str) -> bool:
-    """INSERT, UPDATE, or a CTE that writes (PostgreSQL's one-statement remember)."""
+    """INSERT, UPDATE, a CTE that writes (PostgreSQL's one-statement writes), or the call of
+    PostgreSQL's write function (migration 0008)."""
     upper = sql.lstrip().upper()
-    return upper.startswith(("INSERT", "UPDATE")) or (
-        upper.startswith("WITH") and ("INSERT INTO" in upper or "UPDATE " in upper)
+    return (
+        upper.startswith(("INSERT", "UPDATE"))
+        or (upper.startswith("WITH") and ("INSERT INTO" in upper or "UPDATE " in upper))
+        or "AGENTMEMORY_UPSERT(" in upper
     )
 
 
 def inserts_a_version(sql: str) -> bool:
-    """The statement appends a history version (alone, or in PostgreSQL's one-statement CTE)."""
-    return "insert into agentmemory_memoryversion" in sql.lower()
+    """The statement appends a history version (alone, in PostgreSQL's one-statement CTE, or in
+    the call of PostgreSQL's write function, migration 0008)."""
+    sql = sql.lower()
+    return "insert into agentmemory_memoryversion" in sql or "agentmemory_upsert(" in sql
 
 
 def run_until_it_dies(fn: Callable[..., Any], args: tuple, agentmemory: dict[str, Any]) -> int:

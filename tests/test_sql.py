@@ -4,10 +4,13 @@ errors, checks and results either way."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from agentmemory import MemoryStore
 from agentmemory.models import Memory
@@ -38,7 +41,8 @@ def test_query_logging_records_the_hot_statements():
         store.remember("s", "k", 2)
     logged = [query["sql"].lower() for query in captured.captured_queries]
     assert any("from agentmemory_memory" in sql for sql in logged)
-    assert any("agentmemory_memoryversion" in sql for sql in logged)
+    # The write: its statements, or on PostgreSQL the call of its function (migration 0008).
+    assert any("agentmemory_memoryversion" in sql or "agentmemory_upsert(" in sql for sql in logged)
 
 
 def test_the_direct_path_raises_djangos_exceptions():
@@ -155,3 +159,28 @@ def test_the_locked_path_appends_in_one_statement_on_postgresql():
     assert history == [(1, "write", {"n": 1}), (2, "write", {"n": 2}), (3, "forget", None)]
     row = Memory.objects.get(session_id="s", key="k")
     assert (row.version, row.state, row.value) == (3, "forgotten", None)
+
+
+def test_a_new_value_on_postgresql_is_one_call_of_the_write_function(vendor):
+    """PostgreSQL: ``remember`` of a value (no expected version, no cache tier, no transaction of
+    the caller's) is one short statement, the call of ``agentmemory_upsert`` (migration 0008),
+    whose own statement the server plans once per connection; a key whose TTL passed makes its
+    expiry a version first (the function returns nothing there, the locked path takes over).
+    Other databases have no such function and never call it."""
+    store = MemoryStore(cache=None)
+    with statements_sent() as seen:
+        store.remember("s", "k", {"n": 1})
+        store.remember("s", "k", {"n": 2})
+    calls = [sql for sql in seen if "agentmemory_upsert(" in sql]
+    if vendor == "postgresql":
+        assert calls == [statements_for(connection).upsert_write] * 2 and len(seen) == 2, seen
+    else:
+        assert calls == [] and statements_for(connection).upsert_write is None
+    assert [(v.version, v.value) for v in store.history("s", "k")] == [(1, {"n": 1}), (2, {"n": 2})]
+
+    store.remember("s", "short", {"n": 1}, ttl=60)
+    Memory.objects.filter(key="short").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert store.recall("s", "short") is None
+    again = store.remember("s", "short", {"n": 2})
+    assert again.version == 3 and again.value == {"n": 2}
+    assert [v.op for v in store.history("s", "short")] == ["write", "expire", "write"]
