@@ -145,16 +145,26 @@ def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, v
     # reaches the caller by design (the store cannot retry there), so it is no anomaly, and a
     # run whose kills all hit such calls would show nothing.
     workloads = "register,list,ttl,isolation,idempotent,many,erase,bad-input"
-    code, report = run_json(
-        "--faults", "db", "--seconds", "6", "--workers", "6", "--workloads", workloads
-    )
-    if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
-        cached = {"foreign-entry"} if settings.AGENTMEMORY.get("CACHE") else set()
-        assert code == 0 and set(report["faults"]["injected"]) == {"db-lock", *cached}, report
-        return
-    assert code == 1, report
-    assert report["faults"]["injected"].get("db-kill", 0) >= 1
-    assert any(a["check"] == "caller-error" for a in report["anomalies"]), report["anomalies"][:3]
+    # A run of 6 s kills one or two connections (a round of faults takes seconds on a loaded
+    # machine), and a kill bites only if its connection is used again: one that lands after its
+    # worker's last call shows nothing (a CI run). Three runs at most, as the self-test's.
+    runs = []
+    for seed in range(3):
+        code, report = run_json(
+            "--faults", "db", "--seconds", "6", "--workers", "6", "--workloads", workloads,
+            "--seed", str(seed),
+        )  # fmt: skip
+        injected = report["faults"]["injected"]
+        if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
+            cached = {"foreign-entry"} if settings.AGENTMEMORY.get("CACHE") else set()
+            assert code == 0 and set(injected) == {"db-lock", *cached}, report["faults"]
+            return
+        assert injected.get("db-kill", 0) >= 1, report["faults"]
+        checks = {a["check"] for a in report["anomalies"]}
+        runs.append((code, injected, checks, report["raised"]))
+        if "caller-error" in checks:
+            break
+    assert code == 1 and "caller-error" in checks, runs
 
 
 @pytest.mark.slow
