@@ -51,11 +51,14 @@ sql() {  # sql NODE STATEMENT: over the node's socket, as root
 
 state() { sql "$1" "SHOW STATUS LIKE 'wsrep_local_state_comment'" | cut -f2; }
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^[^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
-pid_of() {  # the server's own pid file (it may have been restarted by memcheck), else ours
+pid_of() {  # the server's own pid file (it may have been restarted by memcheck), else ours,
+  # else a server started with this node's configuration that never got as far as writing its
+  # pid file (restarted by a fault into a cluster without quorum: it holds the node's ports)
   local pid
   for file in mysqld.pid server.pid; do
     pid=$(cat "$DIR/node$1/$file" 2>/dev/null) && alive "$pid" && echo "$pid" && return 0
   done
+  pid=$(pgrep -f -- "--defaults-file=$DIR/node$1/my.cnf" | head -n 1) && alive "$pid" && echo "$pid" && return 0
   return 1
 }
 running() { pid_of "$1" >/dev/null; }
