@@ -58,7 +58,7 @@ pid_of() {  # the server's own pid file (it may have been restarted by memcheck)
   for file in mysqld.pid server.pid; do
     pid=$(cat "$DIR/node$1/$file" 2>/dev/null) && alive "$pid" && echo "$pid" && return 0
   done
-  pid=$(pgrep -f -- "--defaults-file=$DIR/node$1/my.cnf" | head -n 1) && alive "$pid" && echo "$pid" && return 0
+  pid=$(pgrep -f -- "^/usr/sbin/mariadbd --defaults-file=$DIR/node$1/my.cnf" | head -n 1) && alive "$pid" && echo "$pid" && return 0
   return 1
 }
 running() { pid_of "$1" >/dev/null; }
