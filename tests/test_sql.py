@@ -184,3 +184,25 @@ def test_a_new_value_on_postgresql_is_one_call_of_the_write_function(vendor):
     again = store.remember("s", "short", {"n": 2})
     assert again.version == 3 and again.value == {"n": 2}
     assert [v.op for v in store.history("s", "short")] == ["write", "expire", "write"]
+
+
+def test_the_write_function_migration_goes_back_and_forth(vendor):
+    """``migrate agentmemory 0007`` drops the function (PostgreSQL) and ``migrate`` creates it
+    again, even over one of another parameter naming (CREATE OR REPLACE cannot rename one)."""
+    from django.core.management import call_command
+
+    def functions() -> int:
+        if vendor != "postgresql":
+            return 0
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'agentmemory_upsert'")
+            return cursor.fetchone()[0]
+
+    call_command("migrate", "agentmemory", "0007", verbosity=0)
+    try:
+        assert functions() == 0
+    finally:
+        call_command("migrate", "agentmemory", verbosity=0)
+    assert functions() == (1 if vendor == "postgresql" else 0)
+    store = MemoryStore(cache=None)
+    assert store.remember("s", "after", 1).version == 1

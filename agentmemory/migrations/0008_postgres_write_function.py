@@ -14,7 +14,7 @@ statement. Nothing on other databases."""
 from django.db import migrations
 
 CREATE = """
-CREATE OR REPLACE FUNCTION agentmemory_upsert(
+CREATE FUNCTION agentmemory_upsert(
     p_session_id text, p_key text, p_value jsonb, p_at timestamptz, p_expires_at timestamptz,
     p_embedding bytea, p_embedding_key bigint, p_request_id text
 ) RETURNS TABLE (id bigint, version bigint, created_at timestamptz)
@@ -59,6 +59,7 @@ DROP = "DROP FUNCTION IF EXISTS agentmemory_upsert(text, text, jsonb, timestampt
 
 def create(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(DROP)  # CREATE OR REPLACE cannot rename a parameter
         schema_editor.execute(CREATE)
 
 
