@@ -111,7 +111,7 @@ WATCH_INTERVAL_SECONDS = 0.25
 
 class TimelineWatch:
     """The primary's timeline, asked every :data:`WATCH_INTERVAL_SECONDS` for the whole run on a
-    connection of its own: a PostgreSQL cluster can fail over without memcheck's fault -- its HA
+    connection of its own (opened again when it breaks): a PostgreSQL cluster can fail over without memcheck's fault -- its HA
     manager losing the leader key on a loaded machine, an operator's switchover, the user's real
     deployment failing over -- and with asynchronous replication lose acknowledged writes then
     too. Each move of the timeline that no injected failover explains is a :class:`Failover`
@@ -123,6 +123,7 @@ class TimelineWatch:
         self._injected = injected
         self._moves: list[tuple[str, float, str, float]] = []  # old, last seen, new, first seen
         self._seen: tuple[str, float] | None = None
+        self._link: Any = None  # one connection, opened again after it broke (a failover)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memcheck-timeline", daemon=True)
 
@@ -139,6 +140,13 @@ class TimelineWatch:
             self._stop.set()
             self._thread.join()
             self._look()  # the timeline the run ends on
+            self._close()
+
+    def _close(self) -> None:
+        if self._link is not None:
+            with contextlib.suppress(Exception):
+                self._link.close()
+            self._link = None
 
     def _loop(self) -> None:
         while not self._stop.wait(WATCH_INTERVAL_SECONDS):
@@ -146,8 +154,11 @@ class TimelineWatch:
 
     def _look(self) -> None:
         try:
-            ((timeline,),) = _sql(self.alias, TIMELINE_SQL)
+            if self._link is None:
+                self._link = _connect(self.alias)
+            ((timeline,),) = self._link.execute(TIMELINE_SQL).fetchall()
         except Exception:  # no primary right now (a failover under way): look again later
+            self._close()
             return
         now = clock.now().timestamp()
         if self._seen is not None and int(timeline, 16) > int(self._seen[0], 16):
@@ -327,6 +338,12 @@ def _restart_patroni(primary: _Primary) -> None:
 def _sql(alias: str, sql: str) -> list[tuple[Any, ...]]:
     """Run ``sql`` on the alias's primary over a connection of its own (the workload's are
     broken by the fault)."""
+    with _connect(alias) as link:
+        return list(link.execute(sql).fetchall())
+
+
+def _connect(alias: str) -> Any:
+    """A psycopg connection of its own to the alias's primary, in autocommit."""
     import psycopg
 
     settings = connections[alias].settings_dict
@@ -338,8 +355,7 @@ def _sql(alias: str, sql: str) -> list[tuple[Any, ...]]:
     params["connect_timeout"] = 2
     params["autocommit"] = True
     params["dbname"] = settings["NAME"]
-    with psycopg.connect(**params) as link:
-        return list(link.execute(sql).fetchall())
+    return psycopg.connect(**params)
 
 
 TIMELINE_SQL = "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
