@@ -111,19 +111,18 @@ WATCH_INTERVAL_SECONDS = 0.25
 
 class TimelineWatch:
     """The primary's timeline, asked every :data:`WATCH_INTERVAL_SECONDS` for the whole run on a
-    connection of its own (opened again when it breaks): a PostgreSQL cluster can fail over without memcheck's fault -- its HA
-    manager losing the leader key on a loaded machine, an operator's switchover, the user's real
-    deployment failing over -- and with asynchronous replication lose acknowledged writes then
-    too. Each move of the timeline that no injected failover explains is a :class:`Failover`
-    (``injected=False``) the checker tells the database's losses by, and the report names. Not
-    started for other vendors (no timeline to watch)."""
+    connection of its own, a new one each time: a PostgreSQL cluster can fail over without
+    memcheck's fault -- its HA manager losing the leader key on a loaded machine, an operator's
+    switchover, the user's real deployment failing over -- and with asynchronous replication lose
+    acknowledged writes then too. Each move of the timeline that no injected failover explains is
+    a :class:`Failover` (``injected=False``) the checker tells the database's losses by, and the
+    report names. Not started for other vendors (no timeline to watch)."""
 
     def __init__(self, alias: str, injected: list[Failover]) -> None:
         self.alias = alias
         self._injected = injected
         self._moves: list[tuple[str, float, str, float]] = []  # old, last seen, new, first seen
         self._seen: tuple[str, float] | None = None
-        self._link: Any = None  # one connection, opened again after it broke (a failover)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memcheck-timeline", daemon=True)
 
@@ -140,13 +139,6 @@ class TimelineWatch:
             self._stop.set()
             self._thread.join()
             self._look()  # the timeline the run ends on
-            self._close()
-
-    def _close(self) -> None:
-        if self._link is not None:
-            with contextlib.suppress(Exception):
-                self._link.close()
-            self._link = None
 
     def _loop(self) -> None:
         while not self._stop.wait(WATCH_INTERVAL_SECONDS):
@@ -154,11 +146,8 @@ class TimelineWatch:
 
     def _look(self) -> None:
         try:
-            if self._link is None:
-                self._link = _connect(self.alias)
-            ((timeline,),) = self._link.execute(TIMELINE_SQL).fetchall()
+            ((timeline,),) = _sql(self.alias, TIMELINE_SQL)
         except Exception:  # no primary right now (a failover under way): look again later
-            self._close()
             return
         now = clock.now().timestamp()
         if self._seen is not None and int(timeline, 16) > int(self._seen[0], 16):
@@ -203,20 +192,11 @@ def replication_stopped(alias: str) -> Iterator[int]:
 def crash_primary(alias: str) -> Any:
     """Kill the alias's primary as a power cut would: its Patroni and every PostgreSQL process
     at once (``SIGKILL``: nothing is flushed or sent). Returns what it takes to start that
-    Patroni again, once they are gone.
-
-    The postmaster is stopped (``SIGSTOP``) before its children are listed: it forks a backend
-    for each new connection, and one forked after the list would outlive the crash, an orphan
-    still answering its client (and still holding the shared memory the restarted node needs).
-    Then every process is stopped, and only then killed: none acts after another died."""
+    Patroni again, once they are gone."""
     primary = _primary(alias)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(primary.postmaster, signal.SIGSTOP)
-    doomed = [primary.patroni_pid, primary.postmaster, *_children(primary.postmaster)]
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+    for pid in [primary.patroni_pid, primary.postmaster, *_children(primary.postmaster)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     for pid in (primary.patroni_pid, primary.postmaster):
         wait_gone(pid)
     return primary
