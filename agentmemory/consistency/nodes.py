@@ -137,11 +137,9 @@ def _synced(status: dict[str, str], size: int | None) -> bool:
     )
 
 
-def wait_synced(
-    alias: str, *, timeout: float = SYNC_TIMEOUT_SECONDS, size: int | None = None
-) -> None:
-    """Poll the node until it reports ``Synced`` and ready (and, with ``size``, a cluster of
-    that many nodes)."""
+def wait_synced(alias: str, *, timeout: float = SYNC_TIMEOUT_SECONDS) -> None:
+    """Poll the node until it reports ``Synced`` and ready (a cluster of every node:
+    :func:`wait_cluster_synced`)."""
     import MySQLdb
 
     deadline = time.monotonic() + timeout
@@ -153,7 +151,7 @@ def wait_synced(
                 f"{status.get('wsrep_local_state_comment')}, ready={status.get('wsrep_ready')}, "
                 f"size={status.get('wsrep_cluster_size')}"
             )
-            if _synced(status, size):
+            if _synced(status, None):
                 return
         except MySQLdb.Error as exc:
             last = str(exc)
