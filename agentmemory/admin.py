@@ -32,7 +32,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from . import clock
-from .admin_base import ReadOnlyAdmin, admin_store
+from .admin_base import GuardedAdmin, ReadOnlyAdmin, admin_store, page_number
 from .errors import InvalidMemory, VersionConflict
 from .models import Log, LogEvent, LogItem, Memory, MemoryState, MemoryVersion, is_live
 from .records import VALUE_OPS
@@ -245,7 +245,7 @@ class MemoryForm(forms.ModelForm):
 
 
 @admin.register(Memory)
-class MemoryAdmin(admin.ModelAdmin):
+class MemoryAdmin(GuardedAdmin):
     form = MemoryForm
     change_form_template = "admin/agentmemory/memory/change_form.html"
     list_display = ["session", "memory_key", "version", "preview", "updated_at", "expiry"]
@@ -699,8 +699,8 @@ class LogAdmin(ReadOnlyAdmin):
         log = self.get_object(request, object_id)
         context = dict(extra_context or {})
         if log is not None:
-            before = _page_bound(request, "before")
-            events_before = _page_bound(request, "events_before")
+            before = page_number(request, "before")
+            events_before = page_number(request, "events_before")
             items, older = log_items(log, before)
             events, older_events = log_events(log, events_before)
             context.update(
@@ -713,13 +713,6 @@ class LogAdmin(ReadOnlyAdmin):
                 expired=log.expires_at is not None and log.expires_at <= clock.now(),
             )
         return super().change_view(request, object_id, form_url, context)
-
-
-def _page_bound(request: HttpRequest, name: str) -> int | None:
-    """A keyset page's bound from the query string (a positive number), else None: a bad one
-    shows the newest page, never an error."""
-    raw = request.GET.get(name, "")
-    return int(raw) if raw.isdigit() and 0 < int(raw) < 2**63 else None
 
 
 def log_items(log: Log, before: int | None) -> tuple[list[dict[str, Any]], int | None]:

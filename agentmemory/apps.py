@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class AgentMemoryConfig(AppConfig):
@@ -14,6 +15,15 @@ class AgentMemoryConfig(AppConfig):
         from . import checks, conf  # noqa: F401  (registers checks and the settings receiver)
 
         connection_created.connect(_connected, dispatch_uid="agentmemory.causal_reads")
+        post_migrate.connect(_flushed, sender=self, dispatch_uid="agentmemory.flushed")
+
+
+def _flushed(sender: Any, using: str, **kwargs: Any) -> None:
+    """``post_migrate``, sent after ``flush`` (a test database's teardown included) and after
+    ``migrate``: the Redis tier drops what it holds of that database."""
+    from .cache import forget_flushed_database
+
+    forget_flushed_database(using)
 
 
 def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -79,6 +79,8 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.db import DatabaseError
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.dispatch import receiver
 from django.utils import timezone
 
@@ -89,7 +91,7 @@ from .defects import NONE as NO_DEFECTS
 from .errors import MemoryUnavailable
 from .models import MemoryState, PendingInvalidation, is_live
 from .records import MemoryRecord
-from .vendors import commit_unconfirmed, database_identity, epoch
+from .vendors import commit_unconfirmed, database_identity, epoch, insert_if_missing
 
 logger = logging.getLogger("agentmemory.cache")
 
@@ -129,7 +131,8 @@ local mine = tonumber({epoch}, 16)
 if newest and tonumber(newest, 16) > mine then return 0 end
 if newest ~= {epoch} then redis.call('SET', {epoch_key}, {epoch}) end
 local fenced = redis.call('GET', {fence})
-if fenced and fenced ~= {epoch} and (tonumber(fenced, 16) or 0) < mine then
+local fenced_epoch = fenced and string.match(fenced, '^[^#]*')
+if fenced_epoch and fenced_epoch ~= {epoch} and (tonumber(fenced_epoch, 16) or 0) < mine then
   redis.call('DEL', {fence})
 end
 """
@@ -153,7 +156,10 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = false
 if not entry and fence == 1 and string.sub(ARGV[3], 1, 1) == '1' then
-  if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then lease = ARGV[1] end
+  local lineage = string.match(fenced, '#(.*)$') or '0'
+  if redis.call('SET', KEYS[3], ARGV[1] .. '#' .. lineage, 'NX', 'PX', ARGV[2]) then
+    lease = ARGV[1]
+  end
 end
 return {{entry or false, fence, now_ms, lease}}
 """
@@ -183,7 +189,8 @@ for i = 1, (#KEYS - 1) / 2 do
   end
   local lease = false
   if not entry and fence == 1 and ARGV[2 + 2 * i] == '1' then
-    if redis.call('SET', KEYS[2 * i + 1], ARGV[1 + 2 * i], 'NX', 'PX', ARGV[1]) then
+    local lineage = string.match(fenced, '#(.*)$') or '0'
+    if redis.call('SET', KEYS[2 * i + 1], ARGV[1 + 2 * i] .. '#' .. lineage, 'NX', 'PX', ARGV[1]) then
       lease = ARGV[1 + 2 * i]
     end
   end
@@ -193,23 +200,43 @@ end
 return out
 """
 
-# KEYS: entry, lease, fence, epoch key. ARGV: version, payload, ttl ms, lease token ('' for a
-# write's update), the database epoch it was read from or written to. A write's update (no token)
-# deletes the lease, so fills begun before it are rejected. Returns 1 if stored, 0 if rejected:
-# older than this server's entry of this epoch (or than its tombstone), the lease is gone, or the
-# epoch is older than the newest seen. Another server's or epoch's entry is replaced whatever its
-# version.
+# The lineage (KEYS[5] below, no TTL, absent: 0) is the third part of every stamp: bumping it
+# makes every entry of the database a miss at once -- what a fence renewal does when it finds
+# that the database went back in time, and what ``forget_everything`` does. A fill lease holds
+# the lineage it was taken under (READ_SCRIPT), so a fill read from the database before a bump
+# is rejected after it.
+#
+# Every entry stored is noted in the "recent" set (KEYS[6]; ARGV[6]: the member, '' for none),
+# which the next fence renewal checks against the database (CAPTURE_SCRIPT). A set grown past
+# ARGV[7] members (no reader renewed the fence for long) is not checked: the lineage is bumped
+# instead, which leaves nothing stored before it to check.
+NOTE_RECENT = """
+if ARGV[6] ~= '' and redis.call('SCARD', KEYS[6]) >= tonumber(ARGV[7]) then
+  lineage = tostring(redis.call('INCR', KEYS[5]))
+  redis.call('DEL', KEYS[6], KEYS[3])
+end
+"""
+
+# KEYS: entry, lease, fence, epoch key, lineage, recent. ARGV: version, payload, ttl ms, lease
+# token ('' for a write's update), the database epoch it was read from or written to, the recent
+# member, the recent set's bound. A write's update (no token) deletes the lease, so fills begun
+# before it are rejected. Returns 1 if stored, 0 if rejected: older than this server's entry of
+# this epoch and lineage (or than its tombstone), the lease is gone or of an older lineage, or
+# the epoch is older than the newest seen. Another server's, epoch's or lineage's entry is
+# replaced whatever its version.
 PUT_SCRIPT = (
     """
+local lineage = redis.call('GET', KEYS[5]) or '0'
 local token = ARGV[4]
 if token ~= '' then
-  if redis.call('GET', KEYS[2]) ~= token then return 0 end
+  if redis.call('GET', KEYS[2]) ~= token .. '#' .. lineage then return 0 end
 end
 redis.call('DEL', KEYS[2])
 """
     + ADVANCE_EPOCH.format(epoch_key="KEYS[4]", epoch="ARGV[5]", fence="KEYS[3]")
+    + NOTE_RECENT
     + f"""
-local me = {RUN_ID} .. '/' .. ARGV[5]
+local me = {RUN_ID} .. '/' .. ARGV[5] .. '#' .. lineage
 local new = tonumber(ARGV[1])
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -218,6 +245,7 @@ if current then
   if who == me and v and (v > new or (v == new and kind ~= '~')) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. me .. '|' .. ARGV[2], 'PX', ARGV[3])
+if ARGV[6] ~= '' then redis.call('SADD', KEYS[6], ARGV[6]) end
 return 1
 """
 )
@@ -225,43 +253,88 @@ return 1
 # The FILL_WITHOUT_LEASE defect's fill (memcheck's self-test only): a plain SET, as a naive
 # cache-aside reader does it. Same keys and arguments as PUT_SCRIPT.
 SET_SCRIPT = f"""
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. {RUN_ID} .. '/' .. ARGV[5] .. '|' .. ARGV[2], 'PX', ARGV[3])
+local lineage = redis.call('GET', KEYS[5]) or '0'
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. {RUN_ID} .. '/' .. ARGV[5] .. '#' .. lineage .. '|' .. ARGV[2], 'PX', ARGV[3])
+if ARGV[6] ~= '' then redis.call('SADD', KEYS[6], ARGV[6]) end
 return 1
 """
 
-# Before a write commits, under its row locks. KEYS: fence, epoch key, then the entries. ARGV:
-# tombstone ttl ms, the database epoch, then the version each key is about to commit. Each entry
-# becomes a tombstone of that version: readers miss and can fill only that version or newer, so a
-# writer that dies between its commit and its update leaves a miss, never an older version to
-# trust. A writer of an older epoch than the newest seen marks nothing (its entries are never
-# trusted) and gets 0.
+# Before a write commits, under its row locks. KEYS: fence, epoch key, lineage, then the
+# entries. ARGV: tombstone ttl ms, the database epoch, then the version each key is about to
+# commit. Each entry becomes a tombstone of that version: readers miss and can fill only that
+# version or newer, so a writer that dies between its commit and its update leaves a miss, never
+# an older version to trust. A writer of an older epoch than the newest seen marks nothing (its
+# entries are never trusted) and gets 0.
 MARK_SCRIPT = (
     ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[2]", fence="KEYS[1]")
     + f"""
-local me = {RUN_ID} .. '/' .. ARGV[2]
-for i = 3, #KEYS do
+local me = {RUN_ID} .. '/' .. ARGV[2] .. '#' .. (redis.call('GET', KEYS[3]) or '0')
+for i = 4, #KEYS do
   local key = KEYS[i]
-  local new = tonumber(ARGV[i])
+  local new = tonumber(ARGV[i - 1])
   local current = redis.call('GET', key)
   local v, who = false, false
   if current then v, who = string.match(current, '^(%d+)|([^|]*)|') end
   if not (who == me and tonumber(v) >= new) then
-    redis.call('SET', key, ARGV[i] .. '|' .. me .. '|~', 'PX', ARGV[1])
+    redis.call('SET', key, ARGV[i - 1] .. '|' .. me .. '|~', 'PX', ARGV[1])
   end
 end
 return 1
 """
 )
 
-# A reader's renewal of the fence. KEYS: fence, epoch key. ARGV: the epoch of the database the
-# reader just read, the fence's expiry (Redis clock ms). Refused (0) if a newer epoch was seen.
+# A reader's renewal of the fence. KEYS: fence, epoch key, lineage, incarnation. ARGV: the epoch
+# of the database the reader just read, the fence's expiry (Redis clock ms), '1' if the database
+# went back in time (bump the lineage: nothing cached of it before is trusted), the database's
+# incarnation counter to publish ('' for none; kept if lower than the one Redis holds). The fence
+# holds "<epoch>#<lineage>". Refused (0) if a newer epoch was seen.
 RENEW_SCRIPT = (
     ADVANCE_EPOCH.format(epoch_key="KEYS[2]", epoch="ARGV[1]", fence="KEYS[1]")
     + """
-redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+if ARGV[3] == '1' then redis.call('INCR', KEYS[3]) end
+if ARGV[4] ~= '' and tonumber(ARGV[4]) > tonumber(redis.call('GET', KEYS[4]) or '0') then
+  redis.call('SET', KEYS[4], ARGV[4])
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '#' .. (redis.call('GET', KEYS[3]) or '0'), 'PXAT', ARGV[2])
 return 1
 """
 )
+
+# A renewal's first step. KEYS: recent, checking, lineage, incarnation. Moves what was stored
+# since the last capture into the checking set (which keeps what a renewal that failed or died
+# did not finish) and returns {the checking set's members, the lineage, the incarnation counter
+# Redis holds, this server's run_id}.
+CAPTURE_SCRIPT = f"""
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('SUNIONSTORE', KEYS[2], KEYS[2], KEYS[1])
+  redis.call('DEL', KEYS[1])
+end
+return {{redis.call('SMEMBERS', KEYS[2]), redis.call('GET', KEYS[3]) or '0',
+         redis.call('GET', KEYS[4]) or '0', {RUN_ID}}}
+"""
+
+# A repair's deletion of one entry the database does not back. KEYS: entry, lease. ARGV: the
+# entry as it was compared: deleted (with the lease) only if it is still that one.
+DROP_IF_SAME_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+return 0
+"""
+
+# Distrust everything cached of the database at once. KEYS: fence, lineage.
+FORGET_SCRIPT = """
+redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+#: The most entries stored between two fence renewals that the next one checks; past it the
+#: lineage is bumped instead (NOTE_RECENT).
+RECENT_BOUND = 50_000
+#: Keys per round trip when a renewal checks entries against the database.
+CHECK_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +422,29 @@ class MemoryCache:
     def epoch_key(self) -> str:
         """The newest database epoch any writer or reader of this tier has seen (no TTL)."""
         return f"{self.prefix}epoch"
+
+    @property
+    def lineage_key(self) -> str:
+        """The lineage, the third part of every stamp (no TTL): bumped, nothing stored before is
+        trusted (a database that went back in time, ``forget_everything``)."""
+        return f"{self.prefix}lineage"
+
+    @property
+    def incarnation_key(self) -> str:
+        """The highest :class:`~agentmemory.models.CacheIncarnation` counter a renewal published
+        (no TTL): a database whose counter is lower went back in time."""
+        return f"{self.prefix}incarnation"
+
+    @property
+    def recent_key(self) -> str:
+        """The keys of the entries stored since the last renewal's capture."""
+        return f"{self.prefix}recent"
+
+    @property
+    def checking_key(self) -> str:
+        """The captured keys a renewal checks against the database (what a renewal that failed
+        or died left is checked by the next)."""
+        return f"{self.prefix}checking"
 
     def database_epoch(self) -> str:
         """The epoch of the database as this thread's connection to it found it
@@ -662,6 +758,7 @@ class MemoryCache:
                         [
                             self.fence_key,
                             self.epoch_key,
+                            self.lineage_key,
                             *(self.entry_key(session_id, key) for key in keys),
                         ],
                         [TOMBSTONE_MS, epoch_now, *(versions[key] for key in keys)],
@@ -705,6 +802,34 @@ class MemoryCache:
         if not (self.available and self._drop([(session_id, key) for key in keys])):
             self._record_pending(session_id, keys)
 
+    def forget_everything(self) -> int:
+        """Distrust everything this tier holds of its database, at once (the lineage bumped, the
+        fence dropped: from that instant no entry stored before is a hit, and no fill read
+        before is stored), then delete its entries and fill leases to free their memory: after
+        ``manage.py flush``, or anything else that changed the database behind the store. Always
+        safe: it can only cause misses. Returns how many names were deleted; raises the client's
+        error if Redis cannot be reached."""
+        client = self.client
+        self._run(FORGET_SCRIPT, [([self.fence_key, self.lineage_key], [])])
+        deleted = 1
+        kept = {
+            name.encode()
+            for name in (self.epoch_key, self.lineage_key, self.incarnation_key, self.fence_key)
+        }
+        batch: list[Any] = []
+        for name in client.scan_iter(match=f"{self.prefix}*", count=1000):
+            if (name if isinstance(name, bytes) else name.encode()) in kept:
+                # the newest epoch seen (older fences stay refused), the lineage and the
+                # incarnation (they only move forward), a fence renewed since
+                continue
+            batch.append(name)
+            if len(batch) >= 1000:
+                deleted += client.delete(*batch)
+                batch = []
+        if batch:
+            deleted += client.delete(*batch)
+        return deleted
+
     def _drop(self, keys: list[tuple[str, str]]) -> bool:
         """Delete the entries and fill leases of these (session_id, key) pairs: always safe, it
         can only cause misses. False if Redis could not be reached."""
@@ -739,8 +864,23 @@ class MemoryCache:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
         epoch_now = self.database_epoch()
         try:
-            keys = [*self._names(session_id, key), self.fence_key, self.epoch_key]
-            args = [version, self._encode(session_id, key, record), ttl_ms, lease, epoch_now]
+            keys = [
+                *self._names(session_id, key),
+                self.fence_key,
+                self.epoch_key,
+                self.lineage_key,
+                self.recent_key,
+            ]
+            member = json.dumps([session_id, key]) if self.protected else ""
+            args = [
+                version,
+                self._encode(session_id, key, record),
+                ttl_ms,
+                lease,
+                epoch_now,
+                member,
+                RECENT_BOUND,
+            ]
             stored = self._run(SET_SCRIPT if force else PUT_SCRIPT, [(keys, args)])[0]
         except Exception as exc:
             self._failed(exc)
@@ -799,14 +939,165 @@ class MemoryCache:
                 self.count("replayed", len(pending))
             return  # renew on a later read, after a fresh pending check
         epoch_now = self.database_epoch()
+        went_back, counter, checked = False, "", []
         try:
+            if self.protected and Defect.RESTORE_UNSEEN not in self.defects:
+                try:
+                    went_back, published, checked = self._check_incarnation(epoch_now)
+                except DatabaseError as exc:
+                    # A conflict on the counter's row (another renewal, on another Galera node),
+                    # a lost connection: no renewal now, the next reader tries again.
+                    self.count("renewal_errors")
+                    logger.debug("fence renewal skipped: %s", exc)
+                    return
+                counter = str(published)
             expiry = redis_ms + int(self.fence_seconds * 1000)
-            self._run(RENEW_SCRIPT, [([self.fence_key, self.epoch_key], [epoch_now, expiry])])
+            self._run(
+                RENEW_SCRIPT,
+                [
+                    (
+                        [self.fence_key, self.epoch_key, self.lineage_key, self.incarnation_key],
+                        [epoch_now, expiry, "1" if went_back else "0", counter],
+                    )
+                ],
+            )
+            for at in range(0, len(checked), CHECK_CHUNK):
+                self.client.srem(self.checking_key, *checked[at : at + CHECK_CHUNK])
         except Exception as exc:
             self._failed(exc)
             return
         self._answered()
         self.count("fence_renewals")
+
+    def _check_incarnation(self, epoch_now: str) -> tuple[bool, int, list[Any]]:
+        """The check a renewal makes before it renews: did the database go back in time?
+
+        Two ways of seeing it, each cheap: the database's :class:`CacheIncarnation` counter is
+        behind the one Redis holds (the database is older than the last renewal that checked
+        entries: a dump restored, a point-in-time recovery, a promoted replica, a volume
+        snapshot); or an entry stored since the last renewal holds a version the database does
+        not (it went back to before the entry was stored, after that renewal). When entries were
+        stored, the counter moves forward, in the same transaction as their check -- so a
+        database taken back to before this check has a counter Redis knows to be old.
+
+        Returns (whether it went back, the counter to publish, the members checked). Raises
+        ``DatabaseError`` (no renewal now) and the client's errors."""
+        from django.db import connections, transaction
+
+        captured = self._run(
+            CAPTURE_SCRIPT,
+            [([self.recent_key, self.checking_key, self.lineage_key, self.incarnation_key], [])],
+        )[0]
+        members, lineage, known, run_id = captured
+        known = int(known)
+        trusted = stamp(_text(run_id), f"{epoch_now}#{_text(lineage)}")
+        pairs = sorted({tuple(json.loads(_text(m))) for m in members})
+        entries = self._trusted_entries(pairs, trusted)
+        connection = connections[self.using]
+        with transaction.atomic(using=self.using):
+            counter = _incarnation(connection, move=bool(pairs))
+            before = counter - 1 if pairs else counter
+            unbacked = _unbacked(self.using, entries)
+            if unbacked:  # read again: an erasure's drop may have been on its way
+                again = self._trusted_entries(sorted(unbacked), trusted)
+                unbacked = {p: why for p, why in unbacked.items() if again.get(p) == entries[p]}
+            went_back = before < known or bool(unbacked)
+            if went_back:
+                counter = _incarnation(connection, move=True, at_least=max(counter, known) + 1)
+        if went_back:
+            self.count("went_back")
+            reason = (
+                f"its incarnation counter is {before}, Redis holds {known}"
+                if before < known
+                else "; ".join(
+                    f"{s!r}/{k!r}: {why}" for (s, k), why in sorted(unbacked.items())[:5]
+                )
+            )
+            logger.warning(
+                "database %r went back in time (%s): the Redis cache %r distrusts everything it "
+                "held of it",
+                self.using,
+                reason,
+                self.alias,
+            )
+        return went_back, counter, list(members)
+
+    def _trusted_entries(
+        self, pairs: list[tuple[str, str]], trusted: str
+    ) -> dict[tuple[str, str], tuple[int, dict[str, Any]]]:
+        """The entries of ``pairs`` a reader would trust under stamp ``trusted`` (no tombstone):
+        (version, payload), read in rounds of :data:`CHECK_CHUNK`."""
+        found = {}
+        for at in range(0, len(pairs), CHECK_CHUNK):
+            chunk = pairs[at : at + CHECK_CHUNK]
+            raws = self.client.mget([self.entry_key(s, k) for s, k in chunk])
+            for pair, raw in zip(chunk, raws, strict=True):
+                if raw is None:
+                    continue
+                version, server, data = decode_entry(raw)
+                if data is not None and server == trusted and (data["s"], data["k"]) == pair:
+                    found[pair] = (version, data)
+        return found
+
+    def trusted_stamp(self) -> str:
+        """The stamp of the entries a reader trusts now: this Redis server's ``run_id``, the
+        fence's epoch and lineage (when no fence is up: the database's epoch and the current
+        lineage, what the next renewal sets)."""
+        client = self.client
+        fenced = client.get(self.fence_key)
+        if fenced is None:
+            lineage = _text(client.get(self.lineage_key) or b"0")
+            fenced = f"{self.database_epoch()}#{lineage}"
+        return stamp(client.info("server")["run_id"], _text(fenced))
+
+    def repair(
+        self, *, dry_run: bool = False, progress: Callable[[int, int], None] | None = None
+    ) -> tuple[int, list[tuple[tuple[str, str], str]]]:
+        """Compare every entry this tier would serve of its database with the database, and
+        delete each one the database does not back: a version it does not hold, the version it
+        holds with another value, a row gone, an older version -- what raw SQL, a restore or a
+        promoted replica leave behind. Returns how many entries were compared, and each one
+        deleted (``dry_run``: that would be) with why. ``progress(done, 0)`` after each batch.
+
+        Safe under traffic: an entry is deleted only if it is still the one compared (a write
+        that replaced it meanwhile keeps its own), a deletion only causes misses, and the key's
+        fill lease goes with it (a fill read before cannot store the old row back). Entries no
+        reader trusts (another Redis process's, epoch's or lineage's) are never served and are
+        left to their TTL. Raises the client's errors and ``DatabaseError``."""
+        client = self.client
+        trusted = self.trusted_stamp()
+        compared, fixed = 0, []
+        names: list[Any] = []
+
+        def check(names: list[Any]) -> None:
+            nonlocal compared
+            entries, raws = {}, {}
+            for raw in client.mget(names):
+                if raw is None:
+                    continue
+                version, server, data = decode_entry(raw)
+                if data is None or server != trusted:
+                    continue
+                pair = (data["s"], data["k"])
+                entries[pair], raws[pair] = (version, data), raw
+            compared += len(entries)
+            for pair, why in sorted(_unbacked(self.using, entries, older=True).items()):
+                if (
+                    dry_run
+                    or self._run(DROP_IF_SAME_SCRIPT, [(self._names(*pair), [raws[pair]])])[0]
+                ):
+                    fixed.append((pair, why))
+            if progress is not None:
+                progress(compared, 0)
+
+        for name in client.scan_iter(match=f"{self.prefix}m:*", count=1000):
+            names.append(name)
+            if len(names) >= CHECK_CHUNK:
+                check(names)
+                names = []
+        if names:
+            check(names)
+        return compared, fixed
 
     # ------------------------------------------------------------------ encoding
 
@@ -828,6 +1119,97 @@ class MemoryCache:
             datetime.fromisoformat(data["u"]),
             datetime.fromisoformat(data["e"]) if data["e"] else None,
         )
+
+
+def _incarnation(connection: Any, *, move: bool, at_least: int | None = None) -> int:
+    """The database's :class:`CacheIncarnation` counter (0 when its row is missing: a database
+    restored from before it existed, or flushed). ``move``: moved forward by one first, or to
+    ``at_least``, the row created if missing -- an ``UPDATE`` first, which takes the row's lock
+    (and SQLite's write lock) before anything is read."""
+    from .models import CacheIncarnation
+
+    rows = CacheIncarnation.objects.using(connection.alias).filter(pk=CacheIncarnation.ONLY)
+    if move:
+        counter = (
+            F("counter") + 1 if at_least is None else Greatest(F("counter") + 1, Value(at_least))
+        )
+        if not rows.update(counter=counter, moved_at=timezone.now()):
+            insert_if_missing(
+                connection,
+                CacheIncarnation,
+                {"id": CacheIncarnation.ONLY, "counter": 0, "moved_at": timezone.now()},
+            )
+            rows.update(counter=counter, moved_at=timezone.now())
+    return rows.values_list("counter", flat=True).first() or 0
+
+
+def _unbacked(
+    using: str,
+    entries: dict[tuple[str, str], tuple[int, dict[str, Any]]],
+    *,
+    older: bool = False,
+) -> dict[tuple[str, str], str]:
+    """The entries the database does not back -- a version it does not hold, or the version it
+    holds with another value or liveness -- each with why. An entry older than the database is
+    backed unless ``older`` (a renewal leaves it to the write's own update, which replaces it;
+    a repair drops it)."""
+    from django.db.models import Q
+
+    from .models import Memory
+
+    pairs = sorted(entries)
+    rows: dict[tuple[str, str], tuple[int, str, Any, Any]] = {}
+    for at in range(0, len(pairs), CHECK_CHUNK):
+        by_session: dict[str, list[str]] = {}
+        for session_id, key in pairs[at : at + CHECK_CHUNK]:
+            by_session.setdefault(session_id, []).append(key)
+        where = Q()
+        for session_id, keys in by_session.items():
+            where |= Q(session_id=session_id, key__in=keys)
+        for session_id, key, *row in (
+            Memory._base_manager.using(using)
+            .filter(where)
+            .values_list("session_id", "key", "version", "state", "value", "expires_at")
+        ):
+            rows[(session_id, key)] = tuple(row)
+    now = clock.now()
+    found = {}
+    for pair, (version, data) in entries.items():
+        why = _why_unbacked(version, data, rows.get(pair), now, older=older)
+        if why:
+            found[pair] = why
+    return found
+
+
+def _why_unbacked(
+    version: int,
+    data: dict[str, Any],
+    row: tuple[int, str, Any, Any] | None,
+    now: datetime,
+    *,
+    older: bool = False,
+) -> str | None:
+    """Why the database does not back an entry of ``version`` and payload ``data``, given the
+    key's row (version, state, value, expires_at) or None: None if it does."""
+    from .validation import same_json
+
+    held = 0 if row is None else row[0]
+    if version > held:
+        return f"Redis serves version {version}, the database holds version {held}"
+    if version < held:
+        return (
+            f"Redis serves version {version}, the database holds version {held}" if older else None
+        )
+    if row is None:
+        return None
+    _, state, value, expires_at = row
+    if data.get("absent"):
+        if is_live(state, expires_at, now) and expires_at is None:
+            return f"Redis serves version {version} as absent, the database holds it live"
+        return None
+    if state != MemoryState.LIVE or not same_json(data["v"], value):
+        return f"Redis serves version {version} with another value than the database's"
+    return None
 
 
 # ---------------------------------------------------------------------- the entry format
@@ -927,6 +1309,98 @@ def _connection_errors() -> tuple[type[Exception], ...]:
     from redis.exceptions import ConnectionError as Lost  # redis-py is an optional dependency
 
     return (Lost,)
+
+
+def invalidate_on_commit(using: str, pairs: Iterable[tuple[str, str]]) -> None:
+    """The ORM's own writes of memories (:class:`~agentmemory.models.MemoryQuerySet`,
+    ``Memory.save``/``delete``): once the transaction on ``using`` commits, the configured tier
+    (``AGENTMEMORY["CACHE"]``) drops its entries and fill leases of these ``(session_id, key)``
+    pairs -- or, if Redis cannot be reached, records them as pending and waits out the fence,
+    as the store's own ``erase_session`` does. Dropping can only cause misses. Nothing without
+    a tier."""
+    from django.db import transaction
+
+    alias = get_config()["CACHE"]
+    by_session: dict[str, set[str]] = {}
+    for session_id, key in pairs:
+        by_session.setdefault(session_id, set()).add(key)
+    if alias is None or not by_session:
+        return
+    cache = MemoryCache(alias, using)
+
+    def drop() -> None:
+        for session_id, keys in sorted(by_session.items()):
+            cache.erased(session_id, keys)
+
+    transaction.on_commit(drop, using=using)
+
+
+def forget_flushed_database(using: str) -> None:
+    """After ``manage.py flush`` (and every ``migrate``, and each transactional test's
+    teardown: Django sends ``post_migrate`` after them): the configured tier forgets everything
+    it holds of database ``using``. If Redis cannot be reached the error is logged: what it holds
+    stays until its entries expire or the tier is cleared by hand (docs/redis.md)."""
+    alias = get_config()["CACHE"]
+    if alias is None:
+        return
+    try:
+        MemoryCache(alias, using).forget_everything()
+    except Exception as exc:  # a flush or a migration must not fail for the cache
+        logger.error(
+            "Redis cache %r: could not drop the entries of database %r after it was flushed or "
+            "migrated (%s); clear the tier's keys by hand (docs/redis.md)",
+            alias,
+            using,
+            exc,
+        )
+
+
+@dataclass(frozen=True)
+class CacheProblem:
+    """Why the tier's Redis did not answer a PING: ``misconfigured`` (it answered with an
+    error: a database index out of range, a refused password -- no retry can help) or
+    ``unreachable`` (refused, timed out: maybe only for now)."""
+
+    kind: str
+    location: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"the Redis of the cache tier ({self.location}) is {self.kind}: {self.reason}"
+
+
+def probe_cache(alias: str, timeout: float = 2.0) -> CacheProblem | None:
+    """PING the Redis behind cache ``alias`` through django-redis (its URL, Sentinels and
+    options, as the tier connects), waiting ``timeout`` seconds at most; None if it answered."""
+    from django.conf import settings
+    from django_redis import get_redis_connection
+    from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+
+    outcome: dict[str, Any] = {}
+
+    def ping() -> None:
+        try:
+            get_redis_connection(alias).ping()
+            outcome["ok"] = True
+        except Exception as exc:  # every failure is reported, none raised
+            outcome["error"] = exc
+
+    probe = threading.Thread(target=ping, name=f"agentmemory-probe-{alias}", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    if "ok" in outcome:
+        return None
+    location = str(settings.CACHES.get(alias, {}).get("LOCATION", ""))
+    location = re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", location)  # no password shown
+    error = outcome.get("error")
+    if error is None:
+        return CacheProblem("unreachable", location, f"no answer within {timeout:g} s")
+    kind = (
+        "misconfigured"
+        if isinstance(error, ResponseError | AuthenticationError | AuthorizationError)
+        else "unreachable"
+    )
+    return CacheProblem(kind, location, f"{type(error).__name__}: {error}")
 
 
 @functools.cache

@@ -14,8 +14,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .admin_base import ReadOnlyAdmin
+from .admin_base import ReadOnlyAdmin, page_number
+from .errors import InvalidMemory
 from .models import Checkpoint, CheckpointThread, CheckpointWrite
+from .validation import check_name
 from .vendors import prefix_filter
 
 #: Checkpoints, and pending writes, on one page of a chain.
@@ -77,7 +79,7 @@ class CheckpointThreadAdmin(ReadOnlyAdmin):
             shown = _bound(request, "writes_of") or (
                 checkpoints[0]["checkpoint_id"] if checkpoints else None
             )
-            writes_after = _number(request, "writes_after")
+            writes_after = page_number(request, "writes_after")
             writes, more = checkpoint_writes(chain, shown, writes_after) if shown else ([], None)
             context.update(
                 checkpoints=checkpoints,
@@ -92,14 +94,13 @@ class CheckpointThreadAdmin(ReadOnlyAdmin):
 
 
 def _bound(request: HttpRequest, name: str) -> str | None:
-    """A checkpoint id from the query string, else None: a bad one shows the newest page."""
+    """A checkpoint id from the query string (the rules of a stored one), else None: a bad one
+    shows the newest page."""
     raw = request.GET.get(name, "")
-    return raw if 0 < len(raw) <= BOUND_MAX else None
-
-
-def _number(request: HttpRequest, name: str) -> int | None:
-    raw = request.GET.get(name, "")
-    return int(raw) if raw.isdigit() and 0 < int(raw) < 2**63 else None
+    try:
+        return check_name(name, raw, BOUND_MAX)
+    except InvalidMemory:
+        return None
 
 
 def chain_checkpoints(

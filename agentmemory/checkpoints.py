@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections
 from django.db.models import Q
@@ -41,7 +41,7 @@ from .defects import Defect, Defects, failpoint_before_checkpoint
 from .errors import CheckpointConflict
 from .models import Checkpoint, CheckpointBlob, CheckpointThread, CheckpointWrite
 from .retries import Retrier
-from .vendors import insert_if_missing
+from .vendors import locked_or_created, statement_batches
 from .writes import one_write_at_a_time
 
 #: A serializer's output: ``(type, bytes)`` as LangGraph's ``dumps_typed`` returns it.
@@ -89,6 +89,9 @@ class NewBlob:
     channel: str
     version: str
     value: Typed | None  # None: the channel was written empty ("empty" in LangGraph's savers)
+
+
+T = TypeVar("T")
 
 
 class CheckpointPath:
@@ -185,13 +188,13 @@ class CheckpointPath:
                 (plain, statements.add_writes),
                 (special, statements.set_writes),
             ):
-                if not batch:
-                    continue
-                params: list[Any] = []
-                for idx, channel, (kind, data) in batch:
-                    params += [head, checkpoint_id, task_id, idx, task_path, channel, kind, data]
-                rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(batch))
-                self._run(statement.format(rows=rows), params)
+                for part in self._batches([(f"writes[{w[0]}]", w[2][1]) for w in batch], batch):
+                    params: list[Any] = []
+                    for idx, channel, (kind, data) in part:
+                        params += [head, checkpoint_id, task_id, idx, task_path, channel, kind]
+                        params.append(data)
+                    rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(part))
+                    self._run(statement.format(rows=rows), params)
 
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
@@ -359,18 +362,14 @@ class CheckpointPath:
                 return rows
             return self._run(statements.lock, [thread_id, checkpoint_ns])  # held already
 
-        rows = claim()
-        if not rows:
-            values = {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "version": 0,
-                "created_at": now,
-                "updated_at": now,
-            }
-            insert_if_missing(connections[self.using], CheckpointThread, values)
-            rows = claim()
-        return rows[0][0]
+        values = {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "version": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        return locked_or_created(connections[self.using], CheckpointThread, values, claim)[0][0]
 
     def _latest_unlocked(self, thread_id: str, checkpoint_ns: str) -> str:
         """The unsafe seam's read: the chain's latest checkpoint as it is now, without a lock,
@@ -388,14 +387,20 @@ class CheckpointPath:
     def _insert_blobs(self, head: int, blobs: Sequence[NewBlob]) -> None:
         """Each blob once, in one statement: a version already stored is kept (a version never
         changes its value)."""
-        if not blobs:
-            return
-        params: list[Any] = []
-        for blob in blobs:
-            kind, data = ("empty", None) if blob.value is None else blob.value
-            params += [head, blob.channel, blob.version, kind, data]
-        rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(blobs))
-        self._run(self._statements().add_blobs.format(rows=rows), params)
+        sized = [(f"channel {b.channel!r}", None if b.value is None else b.value[1]) for b in blobs]
+        for part in self._batches(sized, blobs):
+            params: list[Any] = []
+            for blob in part:
+                kind, data = ("empty", None) if blob.value is None else blob.value
+                params += [head, blob.channel, blob.version, kind, data]
+            rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(part))
+            self._run(self._statements().add_blobs.format(rows=rows), params)
+
+    def _batches(self, sized: list[tuple[str, bytes | None]], rows: Sequence[T]) -> list[list[T]]:
+        """``rows`` in multi-row INSERTs the server takes (:func:`statement_batches`; ``sized``:
+        each row's ``(name, data)``)."""
+        batches = statement_batches(connections[self.using], sized, row_overhead=512)
+        return [list(rows[a:b]) for a, b in batches if b > a]
 
     def _complete(
         self, rows: list[tuple[Any, ...]], chains: Sequence[Sequence[str]]
@@ -455,10 +460,14 @@ class CheckpointPath:
 
     def _delete(self, heads: Q) -> None:
         def attempt(_retry: bool) -> None:
-            ids = list(
+            # Locked first (sql.lock_for_delete): a put racing the delete waits, and lands
+            # after it on a new head, instead of adding a checkpoint between two DELETEs.
+            ids = sql.lock_for_delete(
+                connections[self.using],
                 CheckpointThread.objects.using(self.using)
                 .filter(heads)
-                .values_list("id", flat=True)
+                .order_by("thread_id", "checkpoint_ns")
+                .values_list("id", flat=True),
             )
             if not ids:
                 return

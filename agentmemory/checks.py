@@ -8,14 +8,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
 from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, SEARCH_DEFAULTS, SEARCH_KEYS, get_config
 from .errors import InvalidMemory
 from .semantic import index_problems
 from .validation import check_ttl, short_repr
-from .vendors import flavor, galera_status, is_galera
+from .vendors import (
+    PACKET_MARGIN,
+    exact_collation,
+    flavor,
+    galera_status,
+    is_galera,
+    packet_limit,
+)
 
 TIDB_MINIMUM = (6, 5)
 
@@ -153,6 +160,39 @@ def check_cache_not_sharded(app_configs: Any = None, **kwargs: Any) -> list[Erro
             hint="Give the cache tier one Redis primary (optionally Sentinel-managed: "
             "django_redis.client.SentinelClient).",
             id="agentmemory.E015",
+        )
+    ]
+
+
+@register(Tags.caches)
+def check_cache_server(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E024/W009: the cache tier's Redis answers a PING within two seconds. One that answers
+    with an error (a database index out of range: ``redis://host/99``; a refused password) is a
+    configuration error (E024); one that does not answer may be down for now (W009). Tagged
+    ``caches``: ``manage.py check --tag caches`` runs it alone (a deploy pipeline's step)."""
+    cache = _cache_settings()
+    if cache is None or not str(cache[1].get("BACKEND", "")).startswith("django_redis."):
+        return []
+    from .cache import probe_cache
+
+    problem = probe_cache(cache[0])
+    if problem is None:
+        return []
+    if problem.kind == "misconfigured":
+        return [
+            Error(
+                f"AGENTMEMORY['CACHE'] is {cache[0]!r}: {problem}.",
+                hint="Fix the cache's LOCATION (a database index the server has: 0-15 by "
+                "default), its password or its user's rights.",
+                id="agentmemory.E024",
+            )
+        ]
+    return [
+        Warning(
+            f"AGENTMEMORY['CACHE'] is {cache[0]!r}: {problem}. The store works without it "
+            "(every read goes to the database) until it answers.",
+            hint="Start Redis, or check the cache's LOCATION.",
+            id="agentmemory.W009",
         )
     ]
 
@@ -604,6 +644,107 @@ def galera_errors(alias: str, status: dict[str, str], causal_reads: bool) -> lis
             )
         )
     return messages
+
+
+@register(Tags.database)
+def check_exact_columns(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Error]:
+    """E023: on the MySQL family, every column that must compare byte for byte (session ids,
+    keys, idempotency keys: :class:`~agentmemory.fields.ExactCharField`) has the binary NO PAD
+    collation the migrations give it. A table created by hand, or converted by ``ALTER TABLE ...
+    CONVERT TO CHARACTER SET``, compares ``"Req-A"``, ``"req-a"`` and ``"req-a "`` as one: two
+    sessions share rows, and a write is answered with another's result."""
+    messages: list[Error] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "mysql":
+            continue
+        expected = exact_collation(connection)
+        wrong = [
+            (table, column, collation)
+            for table, column, collation in exact_column_collations(connection)
+            if collation != expected
+        ]
+        messages.extend(exact_column_errors(alias, expected, wrong))
+    return messages
+
+
+def exact_column_collations(connection: Any) -> list[tuple[str, str, str]]:
+    """``(table, column, collation)`` of each exact column of the app's tables that exist on
+    this MySQL-family database (none before ``migrate``)."""
+    from django.apps import apps
+
+    from .fields import ExactCharField
+
+    wanted = {
+        (model._meta.db_table, field.column)
+        for model in apps.get_app_config("agentmemory").get_models()
+        for field in model._meta.local_fields
+        if isinstance(field, ExactCharField)
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name LIKE %s",
+            ["agentmemory\\_%"],
+        )
+        found = cursor.fetchall()
+    return sorted((t, c, coll or "") for t, c, coll in found if (t, c) in wanted)
+
+
+def exact_column_errors(
+    alias: str, expected: str | None, wrong: list[tuple[str, str, str]]
+) -> list[Error]:
+    if not wrong:
+        return []
+    columns = ", ".join(f"{table}.{column} ({collation})" for table, column, collation in wrong)
+    statements = "; ".join(
+        f"ALTER TABLE {table} MODIFY {column} ... COLLATE {expected}" for table, column, _ in wrong
+    )
+    return [
+        Error(
+            f"Database {alias!r}: columns that must compare byte for byte have a collation that "
+            f"does not: {columns}. Ids and idempotency keys that differ only by case, accents "
+            "or trailing spaces would be taken for one (one session reading another's memories, "
+            "a write answered with another's result and never stored).",
+            hint=f"Give each the collation {expected}: {statements} (the column's type and "
+            "NULL-ness as they are), or create the tables with manage.py migrate.",
+            id="agentmemory.E023",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_packet_size(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """W008: a MySQL-family server whose ``max_allowed_packet`` is smaller than a value the
+    settings allow, as sent (``MAX_VALUE_BYTES``, each byte escaped at worst to two)."""
+    messages: list[Warning] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        limit = packet_limit(connection)
+        if limit is not None:
+            messages.extend(packet_size_warnings(alias, limit, get_config()["MAX_VALUE_BYTES"]))
+    return messages
+
+
+def packet_size_warnings(alias: str, limit: int, max_value_bytes: int) -> list[Warning]:
+    worst = 2 * max_value_bytes + PACKET_MARGIN
+    if worst <= limit:
+        return []
+    return [
+        Warning(
+            f"MySQL-family database {alias!r} takes statements of at most {limit} bytes "
+            f"(max_allowed_packet), and AGENTMEMORY['MAX_VALUE_BYTES'] allows values of "
+            f"{max_value_bytes} bytes, up to {worst} as sent (escaped): such a value is refused "
+            "with InvalidMemory naming max_allowed_packet.",
+            hint=f"Raise the server's max_allowed_packet to at least {worst}, or lower "
+            "MAX_VALUE_BYTES.",
+            id="agentmemory.W008",
+        )
+    ]
 
 
 @register(Tags.database)

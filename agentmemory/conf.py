@@ -46,7 +46,9 @@ DEFAULTS: dict[str, Any] = {
     # RECONNECT: a lost connection is reopened and the call retried (False: it fails at once;
     # memcheck's tests use it to show that the connection-kill fault bites). DEADLINE: seconds
     # one call may spend, lock waits and retries included, before MemoryUnavailable (None: no
-    # limit but ATTEMPTS); a connection's lock wait is bounded by it at connect (SQLite's busy
+    # limit but ATTEMPTS). With a deadline, conflicts (deadlocks, serialization failures, Galera
+    # certification conflicts: contention) are retried until it passes, whatever ATTEMPTS
+    # says; ATTEMPTS bounds lost connections. A connection's lock wait is bounded by it at connect (SQLite's busy
     # timeout, MySQL's innodb_lock_wait_timeout, PostgreSQL's lock_timeout, unless already
     # shorter), and each retry's lock wait by what is left of it.
     "RETRY": {

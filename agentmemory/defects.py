@@ -52,6 +52,8 @@ class Defect(StrEnum):
     STALE_CHECKPOINT_READ = "stale-checkpoint-read"
     LIST_SKIPS_NEWEST = "list-skips-newest-checkpoint"
     DELETE_LEAVES_LATEST = "delete-leaves-checkpoint"
+    UPSERT_SKIPS_HISTORY = "upsert-skips-history"
+    RESTORE_UNSEEN = "restore-unseen"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -88,7 +90,15 @@ DESCRIPTIONS = {
     Defect.STALE_CHECKPOINT_READ: "the latest checkpoint is read as the one before it",
     Defect.LIST_SKIPS_NEWEST: "a listing of checkpoints leaves out the newest",
     Defect.DELETE_LEAVES_LATEST: "delete_thread deletes every checkpoint but the latest",
+    Defect.UPSERT_SKIPS_HISTORY: "PostgreSQL's one-statement write function (agentmemory_upsert) "
+    "inserts no history version when it overwrites a memory",
+    Defect.RESTORE_UNSEEN: "the fence renewal does not check whether the database went back in "
+    "time (a restore): the tier keeps what the database lost",
 }
+
+#: Defects planted in the one-statement write itself: the store keeps that path with them (every
+#: other defect switches it off).
+FAST_PATH_DEFECTS = frozenset({Defect.UPSERT_SKIPS_HISTORY})
 
 #: Defects that live in the Redis tier: without one, there is nothing to break.
 CACHE_DEFECTS = frozenset(
@@ -100,6 +110,7 @@ CACHE_DEFECTS = frozenset(
         Defect.TRANSACTION_READS_CACHE,
         Defect.FRACTURED_READ,
         Defect.SERVER_ID_KEPT,
+        Defect.RESTORE_UNSEEN,
     }
 )
 
@@ -249,6 +260,16 @@ def lose_commit_answer() -> AbstractContextManager[None]:
     node dies during COMMIT, and the ``on_commit`` work (the Redis tier's update) never runs.
     The retry must find what the lost attempt committed."""
     return _arming("commit_answer")
+
+
+def failpoint_autocommit_answer() -> None:
+    """The same failure after a statement that committed by itself (PostgreSQL's one-statement
+    write in autocommit, which no transaction of the retrier wraps): it is stored, and the
+    client sees a dropped connection."""
+    if _fires("commit_answer"):
+        from django.db import InterfaceError
+
+        raise InterfaceError("the answer to the autocommitted write was lost (an injected failure)")
 
 
 def failpoint_commit_answer(connection: Any) -> None:

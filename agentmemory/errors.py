@@ -70,6 +70,24 @@ class ReentrantWrite(InvalidMemory):
         )
 
 
+class IdempotencyKeyReused(InvalidMemory):
+    """An idempotency key came back with a different request: another operation (an append
+    after a pop), another value, other items. A key identifies one request -- a retry repeats
+    it exactly -- so the store refuses, writes nothing, and does not answer as if the new
+    request had happened (as Stripe's API and the IETF idempotency-key draft do). ``field`` is
+    ``"idempotency_key"``; ``key`` is the idempotency key; ``stored`` says what it was used
+    for."""
+
+    def __init__(self, idempotency_key: str, stored: str, asked: str) -> None:
+        self.key = idempotency_key
+        self.stored = stored
+        super().__init__(
+            "idempotency_key",
+            f"{idempotency_key!r} was already used for another request ({stored}); this call "
+            f"asks for {asked}. Use a new key for a new request; nothing was written",
+        )
+
+
 class VersionPruned(AgentMemoryError, LookupError):
     """The version asked for was removed by the history retention policy (``prune_history``);
     the history is kept from ``kept_from`` on."""

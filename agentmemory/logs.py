@@ -20,6 +20,7 @@ and the items together): the Redis tier does not serve logs.
 from __future__ import annotations
 
 import functools
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,10 +33,12 @@ from django.db.models import Q
 from . import clock, sql
 from .defects import NONE as NO_DEFECTS
 from .defects import Defect, Defects, failpoint_after_first_key
+from .errors import IdempotencyKeyReused
 from .models import Log, LogEvent, LogItem
 from .records import LogEventRecord, LogItemRecord, LogOp
 from .retries import Retrier
-from .vendors import insert_if_missing, json_placeholder
+from .validation import same_json
+from .vendors import json_placeholder, locked_or_created, statement_batches
 from .writes import default_ttl, one_write_at_a_time
 
 #: The names of the ``(log, seq)`` unique index (the constraint's) and of the live items' index.
@@ -100,7 +103,10 @@ class LogPath:
             if retry or caller_request_id:
                 done = self._find_request(head, request_id)
                 if done is not None:
-                    return self._items(head, done.first_seq, done.last_seq)
+                    found = self._items(head, done.first_seq, done.last_seq)
+                    if caller_request_id:
+                        _check_same_append(request_id, done, found, values)
+                    return found
             self._expire_if_due(head, now)
             if observed is not None:
                 head.last_seq = observed[0]
@@ -137,6 +143,8 @@ class LogPath:
             if retry or caller_request_id:
                 done = self._find_request(head, request_id)
                 if done is not None:
+                    if caller_request_id:
+                        _check_same_op(request_id, done, LogOp.POP)
                     found = self._items(head, done.first_seq, done.last_seq)
                     return found[0] if found and done.op == LogOp.POP else None
             self._expire_if_due(head, now)
@@ -162,6 +170,8 @@ class LogPath:
             if retry or caller_request_id:
                 done = self._find_request(head, request_id)
                 if done is not None:
+                    if caller_request_id:
+                        _check_same_op(request_id, done, LogOp.CLEAR)
                     return done.count
             self._expire_if_due(head, now)
             return self._hide(head, LogOp.CLEAR, now, request_id)
@@ -188,17 +198,11 @@ class LogPath:
 
         def attempt(_retry: bool) -> int:
             connection = connections[self.using]
-            quote = connection.ops.quote_name
-            head = quote(Log._meta.db_table)
-            with connection.cursor() as cursor:
-                for model in (LogItem, LogEvent):
-                    cursor.execute(
-                        f"DELETE FROM {quote(model._meta.db_table)} WHERE log_id IN "
-                        f"(SELECT id FROM {head} WHERE session_id = %s)",
-                        [session_id],
-                    )
-                cursor.execute(f"DELETE FROM {head} WHERE session_id = %s", [session_id])
-                return cursor.rowcount
+            heads = Log.objects.using(self.using).filter(session_id=session_id)
+            ids = sql.lock_for_delete(
+                connection, heads.order_by("stream").values_list("id", flat=True)
+            )
+            return sql.delete_locked(connection, [(LogItem, "log"), (LogEvent, "log")], ids)
 
         with one_write_at_a_time(self.using):
             return self.retrier.atomic(attempt)
@@ -217,9 +221,11 @@ class LogPath:
         limit: int | None,
         before: int | None,
         after: int | None,
+        since: tuple[str, float] | None = None,
     ) -> list[LogItemRecord]:
         """The live items, oldest first: after ``after`` the first ``limit``, otherwise the
-        last ``limit`` (before ``before``); every one without a limit. One statement."""
+        last ``limit`` (before ``before``); every one without a limit; with ``since``, only
+        those whose numeric member ``since[0]`` is at least ``since[1]``. One statement."""
 
         newest_first = after is None and limit is not None
         shown = Defect.READ_SHOWS_POPPED in self.defects
@@ -227,6 +233,7 @@ class LogPath:
             *(session_id, stream) * head_refs(connections[self.using].vendor),
             *([after] if after is not None else []),
             *([before] if before is not None else []),
+            *([since[1]] if since is not None else []),
             *([limit] if limit is not None else []),
         ]
 
@@ -239,6 +246,7 @@ class LogPath:
                 limit is not None,
                 newest_first,
                 shown,
+                None if since is None else since[0],
             )
             rows = list(sql.run(connection, statement, params))  # mysqlclient: a tuple
             # Every row carries the head's expiry: a log whose TTL has passed shows nothing.
@@ -309,8 +317,9 @@ class LogPath:
         """The log's head, locked (created empty first when ``create``: two writers racing to
         create a log never make two heads, and neither sees an IntegrityError)."""
         lock = self._statements().lock
-        rows = self._run(lock, [session_id, stream])
-        if not rows and create:
+        if not create:
+            rows = self._run(lock, [session_id, stream])
+        else:
             values = {
                 "session_id": session_id,
                 "stream": stream,
@@ -321,8 +330,12 @@ class LogPath:
                 "created_at": now,
                 "updated_at": now,
             }
-            insert_if_missing(connections[self.using], Log, values)
-            rows = self._run(lock, [session_id, stream])
+            rows = locked_or_created(
+                connections[self.using],
+                Log,
+                values,
+                lambda: self._run(lock, [session_id, stream]),
+            )
         if not rows:
             return None
         row_id, last_seq, length, cleared, version, expires = rows[0]
@@ -358,14 +371,19 @@ class LogPath:
     def _insert_items(
         self, head: _Head, numbers: list[int], values: list[Any], now: datetime
     ) -> None:
+        """The items, in as few multi-row INSERTs as the server takes (rows per statement,
+        and a MySQL-family server's packet size): one append may hold 100,000 items."""
         connection = connections[self.using]
         at = self._adapt(now)
-        params = []
-        for seq, value in zip(numbers, values, strict=True):
-            params += [head.id, seq, sql.encode_json(value), at]
+        texts = [sql.encode_json(value) for value in values]
+        named = [(f"items[{index}]", text) for index, text in enumerate(texts)]
         row = f"(%s, %s, {json_placeholder(connection)}, %s)"
-        statement = self._statements().insert_items + ", ".join([row] * len(values))
-        sql.run(connection, statement, params)
+        for start, stop in statement_batches(connection, named, row_overhead=64):
+            params: list[Any] = []
+            for seq, text in zip(numbers[start:stop], texts[start:stop], strict=True):
+                params += [head.id, seq, text, at]
+            statement = self._statements().insert_items + ", ".join([row] * (stop - start))
+            sql.run(connection, statement, params)
 
     def _expire_if_due(self, head: _Head, now: datetime) -> bool:
         """A passed TTL is an event too, recorded before anything else happens to the log:
@@ -514,7 +532,13 @@ def _statements(vendor: str) -> _Statements:
 
 @functools.lru_cache(maxsize=64)
 def _read_statement(
-    vendor: str, after: bool, before: bool, limit: bool, newest_first: bool, popped: bool
+    vendor: str,
+    after: bool,
+    before: bool,
+    limit: bool,
+    newest_first: bool,
+    popped: bool,
+    since: str | None = None,
 ) -> str:
     """The read of a log's items, hand-written (the ORM's query building was most of a read's
     CPU): one statement, so the head and the items are one view, that walks the ``(log, seq)``
@@ -532,7 +556,9 @@ def _read_statement(
     - SQLite: either; the subqueries.
 
     Parameters: (session id, stream) :func:`head_refs` times, then ``after``, ``before``,
-    ``limit`` where given. ``popped``: the READ_SHOWS_POPPED defect."""
+    ``limit`` where given, then the bound of ``since`` (the name of an item's numeric member:
+    only items whose member is at least the bound, judged by the database). ``popped``: the
+    READ_SHOWS_POPPED defect."""
     quote = "`{}`" if vendor == "mysql" else '"{}"'  # as each backend's ops.quote_name
     item, head = quote.format(LogItem._meta.db_table), quote.format(Log._meta.db_table)
     order = "DESC" if newest_first else "ASC"
@@ -563,10 +589,36 @@ def _read_statement(
         *([] if popped else ["i.removed_in IS NULL"]),
         *(["i.seq > %s"] if after else []),
         *(["i.seq < %s"] if before else []),
+        *([f"{_json_number(vendor, 'i.value', since)} >= %s"] if since else []),
     ]
     return f"SELECT {columns} FROM {source} WHERE {' AND '.join(conditions)} ORDER BY {by}" + (
         " LIMIT %s" if limit else ""
     )
+
+
+def _json_number(vendor: str, column: str, member: str) -> str:
+    """The numeric member ``member`` of a JSON object in ``column``, NULL where it is missing or
+    not a number (so that a comparison with it is false), in each database's SQL. ``member``
+    is an identifier (:data:`SINCE_MEMBER`), never a caller's text in the statement."""
+    assert SINCE_MEMBER.fullmatch(member), member
+    if vendor == "postgresql":
+        found = f"{column} -> '{member}'"
+        return f"(CASE WHEN jsonb_typeof({found}) = 'number' THEN ({column} ->> '{member}')::float8 END)"
+    path = f"'$.{member}'"
+    if vendor == "mysql":
+        found = f"JSON_EXTRACT({column}, {path})"
+        return (
+            f"(CASE WHEN JSON_TYPE({found}) IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', "
+            f"'DECIMAL') THEN JSON_UNQUOTE({found}) + 0 END)"
+        )
+    return (
+        f"(CASE WHEN json_type({column}, {path}) IN ('integer', 'real') "
+        f"THEN json_extract({column}, {path}) END)"
+    )
+
+
+#: What ``since`` may name: a member of an item's top-level object.
+SINCE_MEMBER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 def head_refs(vendor: str) -> int:
@@ -583,3 +635,26 @@ def _unexpired(now: datetime, via: str = "") -> Q:
     """The one rule of a live log, as a filter: no TTL, or one that has not passed at ``now``
     (``via``: the path to the head from the model queried, ``"log__"`` from its items)."""
     return Q(**{f"{via}expires_at__isnull": True}) | Q(**{f"{via}expires_at__gt": now})
+
+
+def _check_same_op(request_id: str, done: _Done, op: LogOp) -> None:
+    """Raise :class:`IdempotencyKeyReused` if the caller's key committed another operation."""
+    if done.op != op:
+        raise IdempotencyKeyReused(
+            request_id.removeprefix("k:"), f"a {done.op.value} of this log", f"a {op.value}"
+        )
+
+
+def _check_same_append(
+    request_id: str, done: _Done, found: list[LogItemRecord], values: list[Any]
+) -> None:
+    """Raise :class:`IdempotencyKeyReused` unless the caller's key committed an append of these
+    very items (the same JSON, in the same order)."""
+    _check_same_op(request_id, done, LogOp.APPEND)
+    stored = [item.value for item in found]
+    if len(stored) != len(values) or not all(map(same_json, stored, values)):
+        raise IdempotencyKeyReused(
+            request_id.removeprefix("k:"),
+            f"an append of {len(stored)} other items (#{done.first_seq}-{done.last_seq})",
+            f"an append of {len(values)} items",
+        )

@@ -8,10 +8,12 @@ and re-creation, and the history rows keep their parent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
-from django.db import models
+from django.db import connections, models, router, transaction
 from django.utils import timezone
 
 from . import clock
@@ -39,7 +41,24 @@ def is_live(state: str, expires_at: datetime | None, now: datetime) -> bool:
     return state == MemoryState.LIVE and (expires_at is None or expires_at > now)
 
 
+#: The columns of a memory that the Redis tier serves (a record's): an ORM write of any of them
+#: drops the tier's entries of the rows it changes.
+SERVED_FIELDS = frozenset(
+    {"session_id", "key", "value", "version", "state", "created_at", "updated_at", "expires_at"}
+)
+#: Rows per statement of the ORM's invalidating writes (under SQLite's 999 variables).
+ORM_CHUNK = 500
+
+
 class MemoryQuerySet(models.QuerySet):
+    """Memories through Django's ORM. Its writes -- ``delete()``, ``update()``,
+    ``bulk_update()``, ``bulk_create()`` -- keep the Redis tier from serving what the database
+    no longer holds: the rows they change are locked and read first, changed by their ids, and
+    the tier drops their entries once the transaction commits
+    (:func:`agentmemory.cache.invalidate_on_commit`). A cleanup from a shell, a data migration
+    or a GDPR script may use them; the store's own API (``erase_session``, ``forget``) records
+    versions and is what an agent's code should call."""
+
     def live(self, now: datetime | None = None) -> MemoryQuerySet:
         """Rows :func:`is_live` at ``now`` (the store's clock by default)."""
         now = now or clock.now()
@@ -47,6 +66,90 @@ class MemoryQuerySet(models.QuerySet):
             models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now),
             state=MemoryState.LIVE,
         )
+
+    def _locked_rows(self) -> list[tuple[int, str, str]]:
+        """``(id, session_id, key)`` of the matching rows, locked until the transaction ends
+        (SQLite: its write lock, taken by the statement that follows)."""
+        from .sql import lock_for_delete  # sql imports the models
+
+        rows = self.order_by("session_id", "key").values_list("id", "session_id", "key")
+        return lock_for_delete(connections[self.db], rows)
+
+    def _by_ids(self, ids: list[int]) -> Iterator[models.QuerySet]:
+        """Plain querysets of these rows, :data:`ORM_CHUNK` ids each."""
+        for start in range(0, len(ids), ORM_CHUNK):
+            yield Memory._base_manager.using(self.db).filter(id__in=ids[start : start + ORM_CHUNK])
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        # Django's own refusals first, with its messages.
+        self._not_support_combined_queries("delete")
+        if self.query.is_sliced:
+            raise TypeError("Cannot use 'limit' or 'offset' with delete().")
+        if self.query.distinct_fields or self.query.distinct:
+            raise TypeError("Cannot call delete() after .distinct(*fields).")
+        with transaction.atomic(using=self.db, savepoint=False):
+            rows = self._locked_rows()
+            total, counts = 0, Counter[str]()
+            for chunk in self._by_ids([row[0] for row in rows]):
+                deleted, by_model = chunk.delete()
+                total += deleted
+                counts.update(by_model)
+            _invalidate(self.db, [(s, k) for _id, s, k in rows])
+        return total, dict(counts)
+
+    delete.alters_data = True  # type: ignore[attr-defined]
+    delete.queryset_only = True  # type: ignore[attr-defined]
+
+    def update(self, **kwargs: Any) -> int:
+        if not SERVED_FIELDS & set(kwargs):
+            return super().update(**kwargs)  # what the tier does not serve (vectors, watermark)
+        self._not_support_combined_queries("update")
+        if self.query.is_sliced:
+            raise TypeError("Cannot update a query once a slice has been taken.")
+        with transaction.atomic(using=self.db, savepoint=False):
+            rows = self._locked_rows()
+            ids = [row[0] for row in rows]
+            updated = sum(chunk.update(**kwargs) for chunk in self._by_ids(ids))
+            pairs = [(s, k) for _id, s, k in rows]
+            if {"session_id", "key"} & set(kwargs):  # the new names' entries too
+                for chunk in self._by_ids(ids):
+                    pairs += list(chunk.values_list("session_id", "key"))
+            _invalidate(self.db, pairs)
+        return updated
+
+    update.alters_data = True  # type: ignore[attr-defined]
+
+    def bulk_update(self, objs: Iterable[Memory], fields: Iterable[str], **kwargs: Any) -> int:
+        objs, fields = list(objs), list(fields)
+        if not SERVED_FIELDS & set(fields):
+            return super().bulk_update(objs, fields, **kwargs)
+        with transaction.atomic(using=self.db, savepoint=False):
+            from .sql import lock_for_delete  # sql imports the models
+
+            old: list[tuple[str, str]] = []
+            for chunk in self._by_ids([obj.pk for obj in objs]):
+                old += lock_for_delete(connections[self.db], chunk.values_list("session_id", "key"))
+            updated = super().bulk_update(objs, fields, **kwargs)
+            _invalidate(self.db, old + [(obj.session_id, obj.key) for obj in objs])
+        return updated
+
+    bulk_update.alters_data = True  # type: ignore[attr-defined]
+
+    def bulk_create(self, objs: Iterable[Memory], *args: Any, **kwargs: Any) -> list[Memory]:
+        objs = list(objs)
+        with transaction.atomic(using=self.db, savepoint=False):
+            created = super().bulk_create(objs, *args, **kwargs)
+            # The tier may hold an entry of such a key (an absent memory, a tombstone).
+            _invalidate(self.db, [(obj.session_id, obj.key) for obj in objs])
+        return created
+
+    bulk_create.alters_data = True  # type: ignore[attr-defined]
+
+
+def _invalidate(using: str, pairs: list[tuple[str, str]]) -> None:
+    from .cache import invalidate_on_commit  # the tier imports the models
+
+    invalidate_on_commit(using, pairs)
 
 
 class Memory(models.Model):
@@ -99,6 +202,34 @@ class Memory(models.Model):
         # spelled out, so an id cannot make the text around it read differently.
         return f"{visible(self.session_id)}/{visible(self.key)} v{self.version}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Saved as Django saves it; then, once the transaction commits, the Redis tier drops
+        its entries of this memory's key (and of the key it had, if that changed)."""
+        fields = kwargs.get("update_fields")
+        if fields is not None and not SERVED_FIELDS & set(fields):
+            return super().save(*args, **kwargs)
+        using = kwargs.get("using") or router.db_for_write(Memory, instance=self)
+        with transaction.atomic(using=using, savepoint=False):
+            before = (
+                None
+                if self.pk is None
+                else Memory._base_manager.using(using)
+                .filter(pk=self.pk)
+                .values_list("session_id", "key")
+                .first()
+            )
+            super().save(*args, **kwargs)
+            _invalidate(using, [(self.session_id, self.key), *([before] if before else [])])
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        """Deleted as Django deletes it (its history with it); the tier drops its entry once
+        the transaction commits."""
+        using = kwargs.get("using") or router.db_for_write(Memory, instance=self)
+        with transaction.atomic(using=using, savepoint=False):
+            deleted = super().delete(*args, **kwargs)
+            _invalidate(using, [(self.session_id, self.key)])
+        return deleted
+
 
 class MemoryVersion(models.Model):
     """One version of a memory. Append-only; ``(memory, version)`` is unique."""
@@ -112,7 +243,7 @@ class MemoryVersion(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     # The caller's idempotency key, or one the store generated for this call: a retry after an
     # indeterminate commit finds it and returns the version the first attempt wrote.
-    request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
+    request_id = ExactCharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
     # The version's vectors as it was indexed (None: not indexed, or a forget/expire).
     embedding = models.BinaryField(null=True, editable=False)
 
@@ -152,6 +283,25 @@ class PendingInvalidation(models.Model):
     def record(cls, using: str, session_id: str, keys: Iterable[str]) -> None:
         """Record these keys of the session as pending (the one place that does)."""
         cls.objects.using(using).bulk_create([cls(session_id=session_id, key=key) for key in keys])
+
+
+class CacheIncarnation(models.Model):
+    """How far this database has come, as the Redis tier counts it: one row whose counter a
+    fence renewal moves forward after it has checked the entries stored since the last one
+    against the database, and which the tier keeps in Redis too. A database whose counter is
+    behind the one Redis holds went back in time -- a dump restored, a point-in-time recovery, an
+    asynchronous replica promoted, a volume snapshot -- and the tier stops trusting everything
+    it cached of it (:meth:`agentmemory.cache.MemoryCache.renew_fence`; docs/redis.md)."""
+
+    #: The one row's primary key.
+    ONLY = 1
+
+    id = models.PositiveSmallIntegerField(primary_key=True)
+    counter = models.PositiveBigIntegerField(default=0)
+    moved_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"incarnation {self.counter} (moved {self.moved_at})"
 
 
 # ---------------------------------------------------------------------- logs
@@ -232,7 +382,7 @@ class LogEvent(models.Model):
     count = models.PositiveBigIntegerField()
     created_at = models.DateTimeField()
     # As a memory version's: the caller's idempotency key or one generated for the call.
-    request_id = models.CharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
+    request_id = ExactCharField(max_length=IDEMPOTENCY_KEY_MAX + 4)
 
     class Meta:
         ordering = ["log", "version"]

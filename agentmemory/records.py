@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -32,7 +32,10 @@ VALUE_OPS = frozenset({Op.WRITE, Op.REVERT})
 
 @dataclass(frozen=True, slots=True)
 class MemoryRecord:
-    """One memory as it is at ``version``. ``value`` is a fresh copy decoded for this caller."""
+    """One memory as it is at ``version``. ``value`` is a fresh copy decoded for this caller.
+
+    ``replayed`` (keyword-only, not compared): True when a write returned the version an earlier
+    call with the same ``idempotency_key`` wrote, and wrote nothing itself."""
 
     session_id: str
     key: str
@@ -41,6 +44,7 @@ class MemoryRecord:
     created_at: datetime
     updated_at: datetime
     expires_at: datetime | None
+    replayed: bool = field(default=False, compare=False, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

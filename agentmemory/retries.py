@@ -64,11 +64,16 @@ class Retrier:
             return attempt(False)  # the first try reads no policy: most calls end here
         except DATABASE_ERRORS as exc:
             policy = get_config()["RETRY"]
-            self._absorb(exc, policy, connection)
+            kind = self._absorb(exc, policy, connection)
             error: BaseException = exc
         attempts, deadline = policy["ATTEMPTS"], policy.get("DEADLINE")
         number = 1
-        while number < attempts:
+        # A conflict (a deadlock, a serialization failure, a Galera certification conflict) is
+        # contention: with a deadline, it is retried for as long as the deadline allows, not
+        # ATTEMPTS times -- three nodes writing one hot key gave up after 12 conflicts in 1.7 s
+        # of a 30 s deadline. ATTEMPTS bounds the rest (lost connections), and everything
+        # without a deadline.
+        while number < attempts or (deadline is not None and kind is Transient.CONFLICT):
             pause = random.uniform(0, min(policy["MAX_DELAY"], policy["BASE_DELAY"] * 2**number))
             left = None if deadline is None else deadline - (time.monotonic() - started) - pause
             if left is not None and left <= 0:
@@ -82,7 +87,7 @@ class Retrier:
                 with lock_wait_at_most(connection, left):
                     return attempt(True)
             except DATABASE_ERRORS as exc:
-                self._absorb(exc, policy, connection)
+                kind = self._absorb(exc, policy, connection)
                 error = exc
         spent = time.monotonic() - started
         raise MemoryUnavailable(
@@ -134,8 +139,9 @@ class Retrier:
         out (a connection killed between two calls fails the next one, whichever it is)."""
         return self.run(lambda _retry: work(), connection)
 
-    def _absorb(self, exc: Exception, policy: dict[str, Any], connection: Any) -> None:
-        """Count a transient error (and drop a dead connection); re-raise any other."""
+    def _absorb(self, exc: Exception, policy: dict[str, Any], connection: Any) -> Transient:
+        """Count a transient error (and drop a dead connection) and say which kind it is;
+        re-raise any other."""
         kind = classify(exc)
         if kind is None or (kind is Transient.DISCONNECT and not policy["RECONNECT"]):
             raise exc
@@ -143,3 +149,4 @@ class Retrier:
             self.counts[kind.value] += 1
         if kind is Transient.DISCONNECT:
             connection.close()
+        return kind

@@ -117,8 +117,6 @@ class Statements:
     lock_by_id: str
     update_row: str
     insert_version: str
-    # Every version, then every row, of one session.
-    erase_session: tuple[str, str]
     # A blind write in one statement where the database can return what it updated (PostgreSQL:
     # the update and the history insert in one CTE; SQLite: UPDATE ... RETURNING, then the
     # insert_version statement); None elsewhere. See WritePath._blind_write.
@@ -269,11 +267,6 @@ def build_statements(
         + (" FOR UPDATE" if select_for_update else ""),
         update_row=update_row,
         insert_version=insert_version,
-        erase_session=(
-            f"DELETE FROM {version} WHERE memory_id IN "
-            f"(SELECT id FROM {memory} WHERE session_id = %s)",
-            f"DELETE FROM {memory} WHERE session_id = %s",
-        ),
         blind_write=blind_write,
         upsert_write=upsert_write,
         append=append,
@@ -367,6 +360,50 @@ def run_query(connection: Any, queryset: Any) -> list[tuple[Any, ...]]:
     :func:`record_from_row`, as the hand-written statements' rows are)."""
     sql, params = queryset.query.get_compiler(connection=connection).as_sql()
     return run(connection, sql, params)
+
+
+#: Ids per DELETE of :func:`delete_locked` (under SQLite's oldest limit of 999 parameters).
+DELETE_CHUNK = 500
+
+
+def lock_for_delete(connection: Any, queryset: Any) -> list[Any]:
+    """The rows of ``queryset`` (a ``values_list``), locked in its order (``SELECT ... FOR
+    UPDATE``; SQLite's ``BEGIN IMMEDIATE`` has locked everything, or the statement that follows
+    takes the write lock). Every erasure and the ORM's own writes of memories lock this way.
+
+    An erasure deletes the children of exactly these rows, then these rows: a writer of one of
+    them waits for the lock and, once the erasure commits, finds no row and starts a new one
+    (its write lands after the erasure); a row created after the lock is not the erasure's.
+    Deleting by a ``session_id`` instead saw children written between two statements and
+    failed on the foreign key (a raw ``IntegrityError``)."""
+    if connection.features.has_select_for_update:
+        queryset = queryset.select_for_update()
+    return list(queryset)
+
+
+def delete_locked(connection: Any, children: Sequence[tuple[Any, str]], ids: list[int]) -> int:
+    """Plain DELETEs of the ``(model, foreign key column)`` children of the rows ``ids``, then
+    of the rows, in chunks (nothing stored is read or decoded, so no value, however it was
+    written, can stop an erasure). Returns how many rows (not children) were deleted."""
+    if not ids:
+        return 0
+    quote = connection.ops.quote_name
+    (parent,) = {model._meta.get_field(column).related_model for model, column in children}
+    deleted = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(ids), DELETE_CHUNK):
+            chunk = ids[start : start + DELETE_CHUNK]
+            marks = ", ".join(["%s"] * len(chunk))
+            for model, column in children:
+                table, field = quote(model._meta.db_table), model._meta.get_field(column)
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE {quote(field.column)} IN ({marks})", chunk
+                )
+            cursor.execute(
+                f"DELETE FROM {quote(parent._meta.db_table)} WHERE id IN ({marks})", chunk
+            )
+            deleted += cursor.rowcount
+    return deleted
 
 
 def encode_json(value: Any) -> str | None:

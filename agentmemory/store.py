@@ -7,6 +7,7 @@ runs no SQL and holds no transaction of its own; transient errors are retried by
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -397,12 +398,17 @@ class MemoryStore:
         limit: int | None = None,
         before: int | None = None,
         after: int | None = None,
+        since: tuple[str, float] | None = None,
     ) -> list[LogItemRecord]:
         """The log's live items, oldest first: every one; with ``limit``, the latest ``limit``
         (before item number ``before``, if given); with ``after``, the first ``limit`` after
         item number ``after`` (every one after it without a limit). Keyset pages: a page
-        costs the same at any length."""
+        costs the same at any length. ``since=(member, bound)``: only items that are objects
+        whose numeric ``member`` is at least ``bound`` (a timestamp: ADK's ``after_timestamp``),
+        judged by the database -- ``limit`` then counts those."""
         session_id, stream = self._check_log(session_id, stream)
+        if since is not None:
+            since = _check_since(since)
         if limit is not None:
             limit = validation.check_version("limit", limit, minimum=0)
         if before is not None:
@@ -411,7 +417,7 @@ class MemoryStore:
             after = validation.check_version("after", after, minimum=0)
         if limit == 0:
             return []
-        return self._logs.read(session_id, stream, limit, before, after)
+        return self._logs.read(session_id, stream, limit, before, after, since)
 
     def log_length(self, session_id: str, stream: str) -> int:
         """How many live items the log has (0 when it does not exist or has expired)."""
@@ -690,3 +696,19 @@ class MemoryStore:
             "request_id": "k:" + validation.check_idempotency_key(idempotency_key),
             "caller_request_id": True,
         }
+
+
+def _check_since(since: Any) -> tuple[str, float]:
+    """``read_log(since=)``: a (member name, finite number) pair."""
+    from .logs import SINCE_MEMBER
+
+    if not isinstance(since, tuple) or len(since) != 2:
+        raise InvalidMemory("since", f"must be a (member, bound) pair, got {since!r:.60}")
+    member, bound = since
+    if not isinstance(member, str) or not SINCE_MEMBER.fullmatch(member):
+        raise InvalidMemory(
+            "since", f"the member must be a name of letters, digits and _, got {member!r:.60}"
+        )
+    if isinstance(bound, bool) or not isinstance(bound, int | float) or not math.isfinite(bound):
+        raise InvalidMemory("since", f"the bound must be a finite number, got {bound!r:.60}")
+    return member, float(bound)

@@ -79,6 +79,45 @@ def _check_name(field: str, text: Any, limit: int, *, minimum: int = 1) -> str:
     return text
 
 
+def check_name(field: str, text: Any, limit: int, *, minimum: int = 1) -> str:
+    """An id of an adapter (a thread, a checkpoint, a channel, an ADK app): the rules of a
+    session id (a ``str`` in NFC, no control characters, lone surrogates, bidirectional or
+    invisible format characters), ``minimum`` to ``limit`` characters."""
+    return _check_name(field, text, limit, minimum=minimum)
+
+
+def check_text(field: str, text: Any, limit: int) -> str:
+    """Free text a database must store as given (a path, a query): a ``str`` of at most
+    ``limit`` characters without NUL (PostgreSQL refuses it) or lone surrogates (no database
+    stores them)."""
+    if not isinstance(text, str):
+        raise InvalidMemory(field, f"must be a str, got {type(text).__name__}")
+    if len(text) > limit:
+        raise InvalidMemory(field, f"must be at most {limit} characters, got {len(text)}")
+    if "\x00" in text:
+        raise InvalidMemory(field, "contains a NUL character, which PostgreSQL cannot store")
+    try:
+        _check_encodable("$", text)
+    except InvalidMemory as error:
+        raise InvalidMemory(field, error.message.removeprefix("$ ")) from None
+    return text
+
+
+#: The latest POSIX timestamp a date can hold (9999-12-31T23:59:59 UTC).
+TIMESTAMP_MAX = 253_402_300_799
+
+
+def check_timestamp(field: str, timestamp: Any) -> float:
+    """POSIX seconds (int or float) a date can hold: finite, from 0 to year 9999."""
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
+        raise InvalidMemory(field, f"must be POSIX seconds, got {type(timestamp).__name__}")
+    if not 0 <= timestamp <= TIMESTAMP_MAX:  # NaN compares false: refused too
+        raise InvalidMemory(
+            field, f"must be from 0 to {TIMESTAMP_MAX} (year 9999), got {short_repr(timestamp)}"
+        )
+    return float(timestamp)
+
+
 @functools.lru_cache(maxsize=4096)
 def _forbidden_character(text: str) -> str | None:
     """What is wrong with the characters of an id, or None. Cached: an agent recalls the same
@@ -166,12 +205,25 @@ def check_stream(stream: Any) -> str:
     return _check_name("stream", stream, KEY_MAX)
 
 
+def check_sequence(field: str, values: Any, what: str = "ids") -> list[Any]:
+    """A list or tuple of ``what`` as a list -- never a ``str`` (whose characters would each be
+    taken for an id: ``prune("abc")`` deleting threads ``a``, ``b``, ``c``), bytes, a mapping
+    (its keys) or a set (no order); every public call that takes several ids checks with it
+    before anything reaches a driver."""
+    if isinstance(values, str | bytes | bytearray):
+        raise InvalidMemory(
+            field, f"must be a list of {what}, got a single {type(values).__name__} {values!r:.60}"
+        )
+    if not isinstance(values, list | tuple):
+        raise InvalidMemory(field, f"must be a list of {what}, got {type(values).__name__}")
+    return list(values)
+
+
 def check_items(items: Any) -> list[Any]:
     """A log append's items: a list (or tuple) of at most :data:`BATCH_MAX` values, each one
     the rules of a memory's value (:func:`check_value`); decoded copies. The error names the
     item by its index."""
-    if not isinstance(items, list | tuple):
-        raise InvalidMemory("items", f"must be a list of JSON values, got {type(items).__name__}")
+    items = check_sequence("items", items, "JSON values")
     if len(items) > BATCH_MAX:
         raise InvalidMemory("items", f"holds {len(items)} items, over the limit of {BATCH_MAX}")
     checked = []
@@ -324,3 +376,26 @@ def encode_value(value: Any, max_bytes: int) -> str:
             "value", f"is {size} bytes as JSON, over the limit of {max_bytes} (MAX_VALUE_BYTES)"
         )
     return text
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same JSON: objects by their members in any order,
+    ``true`` never equal to ``1`` (Python's ``True == 1`` is), numbers by value, and a float
+    equal to a number the database wrote out in full (PostgreSQL's ``jsonb`` turns ``1e300``
+    into 301 digits, which decode to an int). An idempotency key's retry is recognised by it."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if isinstance(a, float) or isinstance(b, float):
+            try:
+                return float(a) == float(b)
+            except OverflowError:
+                return False
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if a is None or b is None:
+        return a is None and b is None
+    return type(a) is type(b) and a == b

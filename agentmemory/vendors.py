@@ -17,11 +17,13 @@ import functools
 import math
 import sqlite3
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError
 from django.db.models import Q
+
+from .errors import InvalidMemory, MemoryUnavailable
 
 
 class Transient(enum.Enum):
@@ -103,7 +105,9 @@ def insert_if_missing(connection: Any, model: Any, values: dict[str, Any]) -> No
     KEY UPDATE id = id`` takes the exclusive lock at once. Elsewhere ``ON CONFLICT DO NOTHING``.
     """
     if connection.vendor != "mysql":
-        model._default_manager.using(connection.alias).bulk_create(
+        # The base manager: a plain insert (Memory's own ORM writes would drop the key's
+        # entries from the tier, for a placeholder row the write path replaces before commit).
+        model._base_manager.using(connection.alias).bulk_create(
             [model(**values)], ignore_conflicts=True
         )
         return
@@ -119,6 +123,114 @@ def insert_if_missing(connection: Any, model: Any, values: dict[str, Any]) -> No
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+#: How many times :func:`locked_or_created` inserts a row that an erasure keeps deleting.
+CREATE_ATTEMPTS = 50
+
+
+def locked_or_created(
+    connection: Any, model: Any, values: dict[str, Any], lock: Callable[[], list[Any]]
+) -> list[Any]:
+    """``lock()``'s rows (a ``SELECT ... FOR UPDATE`` of one row), the row inserted first if it
+    is missing (:func:`insert_if_missing`). Again while it finds nothing: an erasure that commits
+    between the insert and the lock deletes the row the lock waited for, and READ COMMITTED
+    skips a row deleted while it waited -- the lock comes back empty although it was just
+    created (a write racing ``erase_session`` returned None, a log append failed an assertion).
+    Each round means an erasure committed meanwhile; after :data:`CREATE_ATTEMPTS` of them,
+    :class:`~agentmemory.MemoryUnavailable`."""
+    rows = lock()
+    for _ in range(CREATE_ATTEMPTS):
+        if rows:
+            return rows
+        insert_if_missing(connection, model, values)
+        rows = lock()
+    if rows:
+        return rows
+    raise MemoryUnavailable(
+        f"a {model._meta.verbose_name} row was erased {CREATE_ATTEMPTS} times while this write "
+        "created it; nothing was written",
+        attempts=CREATE_ATTEMPTS,
+    )
+
+
+#: Rows per multi-row INSERT: 4-5 parameters each stays under SQLite's 32,766 variables (and
+#: PostgreSQL's 65,535) -- one append of 62,500 items used to fail with "too many SQL variables".
+ROWS_PER_STATEMENT = 2000
+#: Bytes kept free in a MySQL-family packet for the statement around its values.
+PACKET_MARGIN = 64 * 1024
+_PACKET_LIMITS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def packet_limit(connection: Any) -> int | None:
+    """The largest statement the server takes, in bytes: a MySQL-family server's
+    ``max_allowed_packet``, read once per connection (a statement over it fails with error
+    1153, or the server drops the connection); None elsewhere (no such limit)."""
+    if connection.vendor != "mysql":
+        return None
+    connection.ensure_connection()
+    raw = connection.connection
+    limit = _PACKET_LIMITS.get(raw)
+    if limit is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            limit = _PACKET_LIMITS[raw] = int(cursor.fetchone()[0])
+    return limit
+
+
+def sent_size(value: str | bytes | None) -> int:
+    """Bytes a value takes in a MySQL-family statement: the client escapes NUL, newline,
+    carriage return, backslash, both quotes and Ctrl-Z with a backslash each."""
+    if value is None:
+        return 4
+    data = value.encode() if isinstance(value, str) else bytes(value)
+    return len(data) + sum(data.count(c) for c in b"\0\n\r\\'\"\x1a") + 3
+
+
+def check_fits(connection: Any, field: str, value: str | bytes | None) -> None:
+    """:class:`~agentmemory.InvalidMemory` naming ``field``, its size and the server's limit
+    if one statement carrying ``value`` would exceed the server's packet size -- before the
+    statement is sent (MariaDB answered with a raw error 1153, or dropped the connection and
+    the retries spent 9 s on it)."""
+    limit = packet_limit(connection)
+    if limit is None:
+        return
+    size = sent_size(value)
+    if size + PACKET_MARGIN > limit:
+        raise InvalidMemory(
+            field,
+            f"is {size} bytes as sent to the server (escaped), over what one statement may "
+            f"carry there: max_allowed_packet is {limit} bytes, less {PACKET_MARGIN} for the "
+            "statement. Raise the server's max_allowed_packet, or store less",
+        )
+
+
+def statement_batches(
+    connection: Any, values: list[tuple[str, str | bytes | None]], row_overhead: int
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` slices of rows that fit one multi-row INSERT each: at most
+    :data:`ROWS_PER_STATEMENT` rows, and on a MySQL-family server at most its packet size.
+    ``values``: each row's ``(name, large value)``, the value refused by :func:`check_fits`,
+    naming it, if it alone would not fit; ``row_overhead``: the bytes of the row's other
+    columns and its place in the statement."""
+    limit = packet_limit(connection)
+    budget = None if limit is None else limit - PACKET_MARGIN
+    sizes = [0] * len(values)
+    if budget is not None:
+        for index, (name, value) in enumerate(values):
+            check_fits(connection, name, value)
+            sizes[index] = sent_size(value) + row_overhead
+    batches, start, used = [], 0, 0
+    for index, size in enumerate(sizes):
+        full = index - start >= ROWS_PER_STATEMENT or (
+            budget is not None and used + size > budget and index > start
+        )
+        if full:
+            batches.append((start, index))
+            start, used = index, 0
+        used += size
+    batches.append((start, len(sizes)))
+    return batches
 
 
 def exact_collation(connection: Any) -> str | None:

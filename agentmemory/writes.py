@@ -26,17 +26,34 @@ from django.db import connections, transaction
 from . import clock, validation
 from .cache import MemoryCache
 from .conf import get_config
+from .defects import (
+    FAST_PATH_DEFECTS,
+    Defect,
+    Defects,
+    failpoint_after_commit,
+    failpoint_after_first_key,
+    failpoint_autocommit_answer,
+)
 from .defects import NONE as NO_DEFECTS
-from .defects import Defect, Defects, failpoint_after_commit, failpoint_after_first_key
-from .errors import InvalidMemory, ReentrantWrite, VersionConflict
+from .errors import IdempotencyKeyReused, InvalidMemory, ReentrantWrite, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import MemoryRecord
 from .retries import Retrier
 from .semantic import named
-from .sql import LockedRow, encode_json, locked_row, run, statements_for, to_datetime
+from .sql import (
+    LockedRow,
+    delete_locked,
+    encode_json,
+    lock_for_delete,
+    locked_row,
+    run,
+    statements_for,
+    to_datetime,
+)
 from .vendors import (
     begin_durable,
-    insert_if_missing,
+    check_fits,
+    locked_or_created,
     raises_synchronous_commit,
 )
 
@@ -127,15 +144,11 @@ class WritePath:
 
         def attempt(_retry: bool) -> int:
             connection = connections[self.using]
-            keys = list(
-                Memory.objects.using(self.using)
-                .filter(session_id=session_id)
-                .values_list("key", flat=True)
-            )
-            seen.update(keys)
-            with connection.cursor() as cursor:
-                for statement in statements_for(connection).erase_session:
-                    cursor.execute(statement, [session_id])
+            rows = Memory.objects.using(self.using).filter(session_id=session_id)
+            # In key order, as writers of several keys lock them: no deadlock between the two.
+            locked = lock_for_delete(connection, rows.order_by("key").values_list("id", "key"))
+            seen.update(key for _id, key in locked)
+            delete_locked(connection, [(MemoryVersion, "memory")], [id_ for id_, _key in locked])
             if self.cache is not None and seen and Defect.ERASE_LEAVES_CACHE not in self.defects:
                 cache, dropped = self.cache, sorted(seen)
                 transaction.on_commit(lambda: cache.erased(session_id, dropped), using=self.using)
@@ -205,6 +218,7 @@ class WritePath:
             ((key, change),) = changes.items()
             record = self._blind_write(session_id, key, change, clock.now())
             if record is not None:
+                failpoint_autocommit_answer()
                 return {key: record}
             # It did not apply (a passed TTL, a version that does not match, a new key with an
             # expected version): the locked attempt must not run the same statement again.
@@ -280,6 +294,8 @@ class WritePath:
         if retry or change.caller_request_id:
             done = self._find_request(row, change.request_id)
             if done is not None:
+                if change.caller_request_id:
+                    _check_same_request(change, done)
                 # Its COMMIT may have been answered locally only (a cancelled wait for the
                 # synchronous standby). This transaction's row lock gives it a transaction id,
                 # so its COMMIT waits for the standby too, or fails the same way.
@@ -288,7 +304,9 @@ class WritePath:
                     # acknowledgement: drop the entry after this commit, or readers keep the
                     # version before it.
                     updates[key] = None
-                return done
+                # Found on the first attempt: an earlier call wrote it (a replay). On a retry,
+                # the likeliest writer is this call's own lost attempt.
+                return self._answer(row, done, replayed=not retry)
         if row.state == MemoryState.LIVE and not is_live(row.state, row.expires_at, now):
             # Expiry is a version too: record it before anything else happens to the key.
             self._append(row, Op.EXPIRE, None, now, None, uuid.uuid4().hex)
@@ -327,7 +345,7 @@ class WritePath:
         """Whether blind writes may take the one-statement path here: a database that returns
         what it updated (PostgreSQL, SQLite), the row lock on, no planted defect. It depends on
         the alias's vendor only, so it is worked out once per store."""
-        if not self.row_lock or self.defects:
+        if not self.row_lock or not self.defects <= FAST_PATH_DEFECTS:
             return False
         return statements_for(connections[self.using]).blind_write is not None
 
@@ -362,6 +380,9 @@ class WritePath:
             change.expected_version,
             change.request_id,
         )
+        if Defect.UPSERT_SKIPS_HISTORY in self.defects:
+            # The declared seam of the function itself: its broken copy (migration 0010).
+            sql = sql.replace("agentmemory_upsert(", "agentmemory_upsert_selftest_skips_history(")
         found = run(connection, sql, params)
         if not found:
             return None
@@ -386,23 +407,25 @@ class WritePath:
     def _lock_row(
         self, session_id: str, key: str, now: datetime, *, create: bool
     ) -> LockedRow | None:
-        row = self._select(session_id, key, lock=True)
-        if row is None and create:
-            # Insert-if-missing, then lock: two writers racing to create a key never make two
-            # rows, and neither sees an IntegrityError. The placeholder (version 0, not live)
-            # is overwritten below in the same transaction, or rolled back with it.
-            values = {
-                "session_id": session_id,
-                "key": key,
-                "version": 0,
-                "history_from": 1,
-                "state": MemoryState.FORGOTTEN,
-                "created_at": now,
-                "updated_at": now,
-            }
-            insert_if_missing(connections[self.using], Memory, values)
-            row = self._select(session_id, key, lock=True)
-        return row
+        if not create:
+            return self._select(session_id, key, lock=True)
+        # Insert-if-missing, then lock: two writers racing to create a key never make two
+        # rows, and neither sees an IntegrityError. The placeholder (version 0, not live) is
+        # overwritten below in the same transaction, or rolled back with it.
+        values = {
+            "session_id": session_id,
+            "key": key,
+            "version": 0,
+            "history_from": 1,
+            "state": MemoryState.FORGOTTEN,
+            "created_at": now,
+            "updated_at": now,
+        }
+        connection, statements = connections[self.using], statements_for(connections[self.using])
+        found = locked_or_created(
+            connection, Memory, values, lambda: run(connection, statements.lock, [session_id, key])
+        )
+        return locked_row(found[0])
 
     def _select(self, session_id: str, key: str, *, lock: bool) -> LockedRow | None:
         connection = connections[self.using]
@@ -431,21 +454,24 @@ class WritePath:
         connection = connections[self.using]
         statements, adapt = statements_for(connection), connection.ops.adapt_datetimefield_value
         text, at, until = encode_json(value), adapt(now), adapt(expires_at)
+        check_fits(connection, "value", text)
         created = adapt(row.created_at)
         for sql, params in statements.appended(
             row, op, text, at, until, created, request_id, vector, named(vector)
         ):
             run(connection, sql, params)
 
-    def _find_request(self, row: LockedRow, request_id: str) -> Any:
-        """The result of an earlier attempt or call with the same request id, if it committed."""
-        done = (
+    def _find_request(self, row: LockedRow, request_id: str) -> MemoryVersion | None:
+        """The version an earlier attempt or call with the same request id committed, if any."""
+        return (
             MemoryVersion.objects.using(self.using)
             .filter(memory_id=row.id, request_id=request_id)
             .first()
         )
-        if done is None:
-            return None
+
+    @staticmethod
+    def _answer(row: LockedRow, done: MemoryVersion, *, replayed: bool) -> Any:
+        """What the call that committed ``done`` returned: its record, or True (retired)."""
         if done.op in (Op.FORGET, Op.EXPIRE):
             return True
         return MemoryRecord(
@@ -456,6 +482,7 @@ class WritePath:
             row.created_at,
             done.created_at,
             done.expires_at,
+            replayed=replayed,
         )
 
     def _check_cas(self, session_id: str, key: str, change: Change, *, actual: int) -> None:
@@ -508,6 +535,27 @@ class WritePath:
 
         with self._only_write():
             return self.retrier.atomic(attempt)
+
+
+def _check_same_request(change: Change, done: Any) -> None:
+    """Raise :class:`IdempotencyKeyReused` unless ``change`` is the request that committed
+    ``done`` under the caller's idempotency key: the same operation and, for a value known up
+    front, the same JSON value. Before anything is written."""
+    key = change.request_id.removeprefix("k:")
+    if done.op in (Op.FORGET, Op.EXPIRE):
+        if change.op != done.op:
+            raise IdempotencyKeyReused(key, f"a {done.op}, version {done.version}", change.op)
+        return
+    if change.op not in (Op.WRITE, Op.REVERT):
+        raise IdempotencyKeyReused(key, f"a write, version {done.version}", f"a {change.op}")
+    if change.blind and change.compute is not None:
+        value = change.compute(None)
+        if not validation.same_json(value, done.value):
+            raise IdempotencyKeyReused(
+                key,
+                f"version {done.version} = {validation.short_repr(done.value)}",
+                f"a write of {validation.short_repr(value)}",
+            )
 
 
 _LOCKED: Any = object()

@@ -84,18 +84,27 @@ def _no_connection_left_open(django_db_setup, django_db_blocker):
     a connection that is never given back. Checked on PostgreSQL, which can list them."""
     yield
     import threading
+    import time
 
     from django.db import connection
 
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pid, backend_start, state, left(query, 120) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            others = cursor.fetchall()
+        # A connection a thread closed a moment ago is listed until its backend has seen the
+        # client go (it exits asynchronously): wait for that, a few seconds at most.
+        deadline = time.monotonic() + 5
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid, backend_start, state, left(query, 120) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'"
+                )
+                others = cursor.fetchall()
+            if not others or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     threads = [t.name for t in threading.enumerate()]
     assert not others, f"connections left open on the test database: {others}; threads {threads}"
 

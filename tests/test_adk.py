@@ -22,7 +22,7 @@ from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 
-from agentmemory import InvalidMemory, MemoryStore
+from agentmemory import IdempotencyKeyReused, InvalidMemory, MemoryStore
 from agentmemory.integrations import adk
 
 from .conftest import redis_alias, run_threads
@@ -169,6 +169,10 @@ def test_get_session_config_filters_events():
         assert await texts(GetSessionConfig(after_timestamp=1002.0)) == ["2", "3", "4"]
         both = GetSessionConfig(after_timestamp=1001.0, num_recent_events=2)
         assert await texts(both) == ["3", "4"]
+        # An event stamped before the last one, appended after it: kept in the log's order.
+        await service.append_event(session, event("late", timestamp=1002.5))
+        assert await texts(GetSessionConfig(after_timestamp=1002.2)) == ["3", "4", "late"]
+        assert await texts(GetSessionConfig(after_timestamp=1003.5)) == ["4"]
 
     run(scenario())
 
@@ -243,6 +247,60 @@ def test_the_same_event_appended_again_is_stored_once():
         assert [e.id for e in stored.events] == [once.id]
         assert [e.id for e in session.events] == [once.id]
         assert [e.id for e in stale.events] == [once.id]
+
+    run(scenario())
+
+
+def test_an_event_id_reused_in_another_session_keeps_that_sessions_state_delta():
+    """ADK's ids are the caller's: an event id seen in one session says nothing of another. The
+    idempotency key was global ("e:" + id) and the second session's user: and app: changes were
+    answered with the first's, never stored."""
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        first = await service.create_session(app_name="app", user_id="u", session_id="s1")
+        second = await service.create_session(app_name="app", user_id="u", session_id="s2")
+        await service.append_event(
+            first, event("a", {"user:color": "red", "app:mode": "a", "n": 1}, id="E")
+        )
+        again = event("b", {"user:color": "blue", "app:mode": "b", "n": 2}, id="E")
+        await service.append_event(second, again)
+        await service.append_event(second, again)  # the caller's retry: stored once
+        with pytest.raises(IdempotencyKeyReused, match="another request"):
+            # Another event under that id in this session: refused, not taken for the first.
+            await service.append_event(second, event("c", {"user:color": "green"}, id="E"))
+        stored = await service.get_session(app_name="app", user_id="u", session_id="s2")
+        assert [e.id for e in stored.events] == ["E"]
+        assert (stored.state["user:color"], stored.state["app:mode"], stored.state["n"]) == (
+            "blue",
+            "b",
+            2,
+        )
+        other = await service.get_session(app_name="app", user_id="u", session_id="s1")
+        assert [e.id for e in other.events] == ["E"] and other.state["n"] == 1
+
+    run(scenario())
+
+
+def test_a_replay_by_a_stale_object_after_out_of_order_events_is_held_once():
+    """The object's revision is older than the event's and its update time is before the
+    event's (an event stamped earlier was appended after it): only the store can say that the
+    append was a replay -- the object held the event twice when the adapter guessed from
+    revisions and timestamps."""
+    service = AgentMemorySessionService()
+
+    async def scenario() -> None:
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        once = event("once", timestamp=2000.0)
+        await service.append_event(session, once)
+        await service.append_event(session, event("stamped earlier", timestamp=1000.0))
+        stale = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert stale.last_update_time < once.timestamp
+        stale._storage_update_marker = "1"  # as loaded before `once` was appended
+        await service.append_event(stale, once)  # the caller's retry of `once`
+        assert [e.id for e in stale.events].count(once.id) == 1
+        stored = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert [e.id for e in stored.events].count(once.id) == 1
 
     run(scenario())
 

@@ -256,6 +256,28 @@ def test_paused_redis_resumed_with_old_contents_serves_no_stale_read(own_redis):
     assert store.cache.stats["pending_recorded"] >= 1
 
 
+def test_an_orm_delete_while_redis_is_paused_is_never_served_after(own_redis, settings):
+    """The ORM's own write with Redis paused: the tier cannot drop the entry after the commit,
+    so the key is recorded as pending and the call waits out the fence, as the store's own
+    erase does -- after the resume, no client serves the deleted memory (#43)."""
+    from agentmemory.models import Memory
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE": "own"}
+    store = MemoryStore(cache="own")
+    store.recall("s", "k")
+    store.remember("s", "k", 1)
+    assert store.recall("s", "k").version == 1 and store.cache.stats["hits"] >= 1
+    own_redis.pause()
+    try:
+        Memory.objects.filter(session_id="s").delete()
+    finally:
+        own_redis.resume()
+    assert Memory.objects.count() == 0
+    other = MemoryStore(cache="own")  # a client with no memory of the outage
+    assert [other.recall("s", "k") for _ in range(5)] == [None] * 5
+    assert store.recall_many("s") == {}
+
+
 def test_small_maxmemory_evictions_cause_misses_never_wrong_answers(settings, tmp_path):
     server = RedisServer(
         tmp_path / "tiny", extra=("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")

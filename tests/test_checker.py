@@ -692,3 +692,46 @@ def test_a_write_the_crash_left_unanswered_and_the_failover_took_back_excuses_it
     assert checks_across(ops, state) == Counter()
     # Without knowing of the failover, the reader went back in time.
     assert checks_across(ops, state, ())["non-monotonic-read"] == 1
+
+
+# A restore (memcheck's db-restore): a dump taken at 5, put back at 10; reads may show what it
+# lost until 12 (the tier's bound).
+RESTORE = Failover(10.0, 12.0, ("", ""), kind="restore", lost_after=5.0)
+
+
+def test_a_write_a_restore_took_back_is_the_databases_loss_and_only_after_the_dump():
+    ops = [
+        write("w1", 0, 1, 1),
+        write("w2", 6, 7, 2),  # after the dump: lost with the restore
+        read("r1", 11, 11.5, 2, "w2"),  # within the bound: may still show it
+        write("w3", 13, 14, 2),  # the restored database's own v2
+        read("r2", 15, 16, 2, "w3"),
+    ]
+    (anomaly,) = check_history(History("r", ops), {(S, K): stored("w1", "w3")}, [RESTORE])
+    assert anomaly.check == "lost-by-database" and "restored" in anomaly.message
+    # A write acknowledged before the dump began is in the dump: missing, it is the store's.
+    assert checks_across([write("w0", 3, 4, 1)], {}, [RESTORE])["lost-update"] == 1
+    # A read after the bound that shows the lost write is the store's (its cache's).
+    late = [write("w1", 0, 1, 1), write("w2", 6, 7, 2), read("r3", 12.5, 13, 2, "w2")]
+    assert checks_across(late, {(S, K): stored("w1")}, [RESTORE])["garbage-read"] == 1
+
+
+def test_a_retry_whose_first_call_the_restore_took_back_writes_again_and_is_no_phantom():
+    """CI-like history on PostgreSQL: the first call of an idempotent write acknowledged v2 and
+    was lost with the restore; its retry found no record of it and wrote v2 again, raising
+    IdempotencyBroken. What it stored is the restore's consequence, not a phantom write."""
+    ops = [
+        write("w1", 0, 1, 1),
+        write("t", 6, 7, 3, kind="retry"),  # acknowledged as v3, lost
+        op(
+            "t",
+            "retry",
+            10.5,
+            10.6,
+            status="fail",
+            value=w("t"),
+            error="IdempotencyBroken: the retry returned v2, the first call v3",
+        ),
+    ]
+    state = {(S, K): stored("w1", "t")}
+    assert set(checks_across(ops, state, [RESTORE])) == {"lost-by-database"}

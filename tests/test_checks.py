@@ -349,3 +349,49 @@ def test_the_suites_servers_acknowledge_only_durable_commits():
     found = ids(check_durable_commits(databases=["default"]))
     multi_host = "," in str(connection.settings_dict.get("HOST") or "")
     assert found == (["agentmemory.W007"] if multi_host else [])
+
+
+def test_columns_without_their_exact_collation_are_an_error():
+    from agentmemory.checks import exact_column_errors
+
+    assert exact_column_errors("db", "utf8mb4_nopad_bin", []) == []
+    (error,) = exact_column_errors(
+        "db",
+        "utf8mb4_nopad_bin",
+        [("agentmemory_memoryversion", "request_id", "utf8mb4_general_ci")],
+    )
+    assert error.id == "agentmemory.E023"
+    assert "agentmemory_memoryversion.request_id (utf8mb4_general_ci)" in error.msg
+    assert "COLLATE utf8mb4_nopad_bin" in error.hint
+
+
+@pytest.mark.server
+@pytest.mark.django_db(transaction=True)
+def test_a_request_id_column_created_with_a_case_insensitive_collation_is_found():
+    """A table created by hand (or converted by ALTER TABLE ... CONVERT TO): E023 names the
+    column; the migrated tables pass."""
+    from django.db import connection
+
+    from agentmemory.checks import check_exact_columns
+    from agentmemory.vendors import exact_collation
+
+    if connection.vendor != "mysql":
+        assert check_exact_columns(databases=["default"]) == []
+        return
+    assert check_exact_columns(databases=["default"]) == []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE agentmemory_logevent MODIFY request_id varchar(68) NOT NULL "
+            "COLLATE utf8mb4_general_ci"
+        )
+    try:
+        (error,) = check_exact_columns(databases=["default"])
+        assert error.id == "agentmemory.E023"
+        assert "agentmemory_logevent.request_id (utf8mb4_general_ci)" in error.msg
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE agentmemory_logevent MODIFY request_id varchar(68) NOT NULL "
+                f"COLLATE {exact_collation(connection)}"
+            )
+    assert check_exact_columns(databases=["default"]) == []

@@ -129,3 +129,13 @@ def test_included_examples_are_tests_of_this_suite():
         text = (ROOT / match.group(1)).read_text()
         assert f"# --8<-- [start:{section}]" in text, f"{module} has no section {section}"
         assert re.search(rf"\[start:{section}\]\n(@pytest[^\n]*\n)*def test_", text), row
+
+
+def test_the_front_door_counts_the_self_tests_variants():
+    """README and installation say how many kinds of planted bugs --self-test catches: as
+    many as there are variants."""
+    from agentmemory.defects import Defect
+
+    for page in (ROOT / "README.md", DOCS / "installation.md"):
+        counted = re.findall(r"catches (\d+) kinds of planted bugs", page.read_text())
+        assert counted == [str(len(Defect))], (page.name, counted)

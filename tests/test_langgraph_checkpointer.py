@@ -141,6 +141,33 @@ def test_a_put_of_a_stored_checkpoint_again_is_no_fork(saver):
     assert root["configurable"]["checkpoint_id"] in children(saver, "again")
 
 
+def test_two_writers_going_on_from_a_put_on_a_new_thread_never_fork(saver):
+    """A run that began on a new thread (get_tuple found nothing) puts from the caller's own
+    config, without the saver's key; the config that put returns must carry it, or every later
+    put of the run is stored by LangGraph's rule alone -- SqliteSaver's silent fork (#8796)."""
+    for round_ in range(ROUNDS):
+        thread = f"new-{round_}"
+        assert saver.get_tuple(config(thread)) is None
+        first = put_step(saver, config(thread), "first")
+        assert first["configurable"][EXPECT] == ""
+        both = threading.Barrier(2)
+
+        def writer(i: int, first: dict[str, Any] = first, both: Any = both) -> Any:
+            both.wait(timeout=30)
+            try:
+                return put_step(saver, first, f"writer {i}")
+            except CheckpointConflict as conflict:
+                return conflict
+
+        outcomes = run_threads(writer, 2)
+        assert sum(isinstance(o, CheckpointConflict) for o in outcomes) == 1, outcomes
+        assert max(children(saver, thread).values()) == 1
+        # The async saver returns the same key.
+        metadata: Any = {"source": "input", "step": -1, "parents": {}}
+        began = asyncio.run(saver.aput(config(f"a{thread}"), empty_checkpoint(), metadata, {}))
+        assert began["configurable"][EXPECT] == ""
+
+
 def test_a_config_built_by_hand_is_stored_by_langgraphs_rule(saver):
     """No loaded tuple, no expectation: a put names its parent and is stored there, as every
     LangGraph saver stores it (the conformance suite's configs are such)."""
@@ -450,3 +477,21 @@ def test_a_crash_between_a_steps_writes_and_its_checkpoint_resumes_correctly(sav
     if durability == "sync":
         assert runs == {"left": 1, "right": 1, "join": 1}
     assert_linear(saver, "crash")
+
+
+def test_a_put_and_put_writes_whose_commit_answer_was_lost_are_stored_once(saver):
+    """The commit lands, its answer is lost (a node dies during COMMIT): the retry stores
+    nothing more and raises no conflict -- the checkpoint it finds is its own."""
+    root = put_step(saver, config("lost"), "root")
+    loaded = saver.get_tuple(config("lost")).config
+    with defects.lose_commit_answer():
+        child = put_step(saver, loaded, "child")
+    with defects.lose_commit_answer():
+        saver.put_writes(child, [("value", "w")], task_id="task")
+    stored = list(saver.list(config("lost")))
+    assert [s.config["configurable"]["checkpoint_id"] for s in stored] == [
+        child["configurable"]["checkpoint_id"],
+        root["configurable"]["checkpoint_id"],
+    ]
+    assert saver.get_tuple(child).pending_writes == [("task", "value", "w")]
+    assert saver.store.retries["disconnect"] == 2

@@ -512,3 +512,50 @@ def test_a_pop_reads_one_live_item_however_many_were_popped_before_it(store):
     examined = items_examined(statement, [head.id, head.cleared_through])
     assert examined is None or 1 <= examined <= 2, f"{examined} item rows read for one pop"
     assert store.pop("s", "chat").seq == 2500
+
+
+# ---------------------------------------------------------------------- read_log(since=)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_read_log_since_keeps_items_whose_member_is_at_least_the_bound(store):
+    """Judged by the database, in the log's order (not the member's), whatever else the items
+    hold: a member missing, not a number, an item that is no object -- none is at least a
+    bound."""
+    store.append(
+        "s",
+        "events",
+        [
+            {"timestamp": 5, "n": 1},
+            {"timestamp": 1.5, "n": 2},  # appended late: older than the one before it
+            {"timestamp": "9", "n": 3},
+            {"n": 4},
+            [9],
+            9,
+            {"timestamp": True, "n": 5},
+            {"timestamp": 7.25, "n": 6},
+            {"timestamp": 10**12, "n": 7},
+        ],
+    )
+
+    def since(bound, **page):
+        items = store.read_log("s", "events", since=("timestamp", bound), **page)
+        return [item.value["n"] for item in items]
+
+    assert since(1.5) == [1, 2, 6, 7]
+    assert since(5) == [1, 6, 7]
+    assert since(5.5) == [6, 7]
+    assert since(5, limit=2) == [6, 7]  # the latest two of those
+    assert since(-1e300, limit=1) == [7]
+    assert since(10**13) == []
+    assert store.read_log("s", "events", since=("n", 4), limit=10)[-1].seq == 9
+
+
+@pytest.mark.parametrize(
+    "since",
+    [("timestamp",), "timestamp", ("a.b", 1), ("x" * 65, 1), ("t", float("nan")), ("t", "1"),
+     ("t", True), ("it's", 1), (1, 1)],
+)  # fmt: skip
+def test_read_log_since_refuses_what_is_not_a_member_and_a_number(store, since):
+    with pytest.raises(InvalidMemory, match="since"):
+        store.read_log("s", "events", since=since)

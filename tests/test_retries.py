@@ -84,7 +84,8 @@ def test_conflict_on_the_history_insert_leaves_no_half_write(store):
 
 
 def test_persistent_conflict_raises_memory_unavailable_and_writes_nothing(settings):
-    settings.AGENTMEMORY = {"RETRY": {"ATTEMPTS": 3, "BASE_DELAY": 0.001}}
+    """Without a deadline, ATTEMPTS bounds the retries of conflicts too."""
+    settings.AGENTMEMORY = {"RETRY": {"ATTEMPTS": 3, "BASE_DELAY": 0.001, "DEADLINE": None}}
     store = MemoryStore(cache=None)
     store.remember("s", "k", "a")
     with (
@@ -95,6 +96,35 @@ def test_persistent_conflict_raises_memory_unavailable_and_writes_nothing(settin
     assert info.value.attempts == 3
     assert isinstance(info.value.cause, DatabaseError)
     assert [h.value for h in store.history("s", "k")] == ["a"]
+
+
+def test_conflicts_are_retried_until_the_deadline_not_attempts_times(settings):
+    """Contention (a hot key written from three Galera nodes) is retried for as long as the
+    deadline allows: 3 attempts are not the limit, the deadline is -- and then nothing is
+    written. A conflict that clears after the 3rd attempt is absorbed."""
+    settings.AGENTMEMORY = {
+        "RETRY": {"ATTEMPTS": 3, "BASE_DELAY": 0.001, "MAX_DELAY": 0.01, "DEADLINE": 0.5}
+    }
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", "a")
+    with (
+        inject_errors(conflict_error, when=lambda n, sql: is_write_statement(sql)),
+        pytest.raises(MemoryUnavailable) as info,
+    ):
+        store.remember("s", "k", "b")
+    assert info.value.attempts > 3
+    assert [h.value for h in store.history("s", "k")] == ["a"]
+    failures = []
+
+    def six_conflicts(n: int, sql: str) -> bool:
+        if is_write_statement(sql) and len(failures) < 6:
+            failures.append(n)
+            return True
+        return False
+
+    with inject_errors(conflict_error, when=six_conflicts):
+        assert store.remember("s", "k", "c").version == 2
+    assert len(failures) == 6
 
 
 def test_non_retryable_error_surfaces_as_itself_and_writes_nothing(store):

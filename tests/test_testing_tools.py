@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentmemory import MemoryStore
-from agentmemory.cache import encode_payload, stamp
+from agentmemory.cache import encode_payload
 from agentmemory.errors import InvalidMemory
 from agentmemory.models import Memory, MemoryVersion
 from agentmemory.testing import ConcurrencyUsageError, MemoryInconsistent, concurrently
@@ -132,8 +132,8 @@ def test_assert_memory_consistent_sees_a_stale_redis_entry(memory_store, assert_
     memory_store.remember("s", "k", 1)
     memory_store.remember("s", "k", 2)
     client = memory_store.cache.client
-    # Version 1 as this Redis server would serve it: its run_id and the database's epoch.
-    trusted = stamp(client.info("server")["run_id"], memory_store.cache.database_epoch())
+    # Version 1 as this Redis server would serve it: its run_id, epoch and lineage.
+    trusted = memory_store.cache.trusted_stamp()
     old = encode_payload("s", "k", memory_store.recall("s", "k", version=1))
     client.set(memory_store.cache.entry_key("s", "k"), f"1|{trusted}|{old}")
     with pytest.raises(MemoryInconsistent, match="Redis holds v1, the database v2"):

@@ -7,6 +7,7 @@ in one pass over its history, near-linear in the number of operations.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import time
 from collections import defaultdict
@@ -15,7 +16,15 @@ from typing import Any
 
 from ..records import VALUE_OPS
 from . import semantic
-from .history import CHECKPOINT_KINDS, IN_TRANSACTION, LOG_KINDS, History, Operation, token_of
+from .history import (
+    CHECKPOINT_KINDS,
+    DATABASE_LOST,
+    LOG_KINDS,
+    History,
+    Operation,
+    allowed_without_answer,
+    token_of,
+)
 from .state import CachedEntry, StoredKey, StoredVersion
 
 #: Every check, in report order, with what it proves.
@@ -268,14 +277,14 @@ def database_losses(
     lost_since: dict[tuple[str, str], float] = {}  # key -> when its first lost op was invoked
     for op in history.operations:
         pair = (op.session_id, op.key)
-        if op.status == "info" and op.is_write and op.invoked_at <= promoted:
+        if op.status == "info" and op.is_write and _may_lose(op, failovers):
             # Unanswered (the crash took its answer): it may have committed on the old primary
             # and been read there, and then been lost -- no anomaly (nothing acknowledged), but
             # the reads after it judged a state the database no longer shows.
             if token_of(op.value) not in {token for _, token in held.get(pair, ())}:
                 lost_since[pair] = min(lost_since.get(pair, op.invoked_at), op.invoked_at)
             continue
-        if op.status != "ok" or (op.completed_at or 0) > promoted:
+        if op.status != "ok" or not _may_lose(op, failovers):
             continue
         if op.is_write and (op.version, op.token) not in held.get(pair, ()):
             what = f"v{op.version} of {op.token}"
@@ -284,20 +293,29 @@ def database_losses(
         else:
             continue
         failover = min(
-            (f for f in failovers if f.crashed_at >= (op.completed_at or 0)),
+            (f for f in failovers if f.crashed_at >= (op.completed_at or 0) and _may_lose(op, [f])),
             key=lambda f: f.crashed_at,
             default=failovers[-1],
         )
-        old, new = failover.timelines
+        if failover.kind == "restore":
+            how = (
+                f"the database was restored {failover.crashed_at - (op.completed_at or 0):.3f}s "
+                f"later from a dump taken {(op.completed_at or 0) - failover.lost_after:.3f}s "
+                "before it was acknowledged (memcheck's db-restore)"
+            )
+        else:
+            old, new = failover.timelines
+            how = (
+                f"the primary crashed {failover.crashed_at - (op.completed_at or 0):.3f}s later "
+                f"and the standby promoted (timeline {int(old, 16)} -> {int(new, 16)}) had not "
+                "received it -- asynchronous replication"
+            )
         anomalies.append(
             Anomaly(
                 "lost-by-database",
                 op.session_id,
                 op.key,
-                f"acknowledged {what} was lost by the database: the primary crashed "
-                f"{failover.crashed_at - (op.completed_at or 0):.3f}s later and the standby "
-                f"promoted (timeline {int(old, 16)} -> {int(new, 16)}) had not received it -- "
-                "asynchronous replication",
+                f"acknowledged {what} was lost by the database: {how}",
                 [brief(op)],
             )
         )
@@ -319,8 +337,32 @@ def database_losses(
             op.invoked_at <= t <= (op.completed_at or t) for t in crashed
         )
 
-    kept = History(history.run_id, [op for op in history.operations if not consequence(op)])
-    return anomalies, kept
+    kept: list[Operation] = []
+    for op in history.operations:
+        if not consequence(op):
+            kept.append(op)
+        elif (op.error or "").startswith("IdempotencyBroken"):
+            # A retry whose first call the database lost wrote again, as a new request: what it
+            # stored is the database's consequence too -- an indeterminate write, no phantom.
+            kept.append(
+                dataclasses.replace(op, status="info", error=f"{DATABASE_LOST}: {op.error}")
+            )
+    return anomalies, History(history.run_id, kept)
+
+
+def _may_lose(op: Operation, failovers: list[Any]) -> bool:
+    """Whether one of ``failovers`` may have taken ``op`` back: a failover, any write
+    acknowledged before its promotion; a restore (memcheck's ``db-restore``), a write that ran
+    after the dump began and was invoked before the restore ended."""
+    for f in failovers:
+        if f.kind == "restore":
+            if (op.completed_at or f.crashed_at) >= f.lost_after and op.invoked_at <= f.crashed_at:
+                return True
+        elif (op.completed_at or op.invoked_at) <= f.promoted_at or (
+            op.status == "info" and (op.invoked_at <= f.promoted_at)
+        ):
+            return True
+    return False
 
 
 def _forget_stored(stored: StoredKey | None, op: Operation) -> bool:
@@ -439,7 +481,7 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
         if op.is_write and op.token:
             writers[op.token] = op
         error = op.error or ""
-        if op.status == "info" and not error.startswith(("MemoryUnavailable", IN_TRANSACTION)):
+        if op.status == "info" and not allowed_without_answer(error):
             report("caller-error", f"{op.kind} raised {op.error}", op)
         if op.status == "fail" and error.startswith("IdempotencyBroken"):
             report("idempotent-retry", error, op)

@@ -361,7 +361,9 @@ def _check_writes(c: _Chain) -> None:
                 f"write {where} was made by no call that did not fail",
                 *([op] if op else []),
             )
-        elif token != f"{task_id}.{idx}" or checkpoint_id != op.result:
+        elif token != f"{task_id}.{idx}" or checkpoint_id != (op.value or {}).get("checkpoint"):
+            # The checkpoint the call wrote to, whether or not its answer came back (a call that
+            # lost its answer to a failover has no result, yet its writes may be stored).
             c.report("checkpoint-write", f"write {where} holds {token!r}", op)
     for op in ops.values():
         if op.status != "ok" or op.result is None:

@@ -80,6 +80,7 @@ from ..vendors import (
     server_connection_id,
     set_lock_wait,
 )
+from . import dumps
 from .nodes import (
     LOOPBACK,
     NodeUnavailable,
@@ -100,6 +101,10 @@ FAULTS = {
     "db": DB_FAULTS,
     "cache": CACHE_FAULTS,
     "all": DB_FAULTS + CACHE_FAULTS,
+    # The database taken back in time: a dump of the run's sessions put back a moment later, its
+    # losses the database's own (lost-by-database). Apart from "db" and "all", whose runs must
+    # lose nothing.
+    "restore": ("db-restore",),
 }
 #: Seconds a paused node stays stopped, and the timeout memcheck's clients get on a cluster.
 # The pause stays under Galera's default evs.suspect_timeout (5 s): the node stalls the cluster
@@ -113,6 +118,11 @@ WORKER_THREAD_PREFIX = "memcheck-client-"
 
 #: The server identity (``run_id``) the foreign-entry fault stamps: no Redis process has it.
 FOREIGN_RUN_ID = "0" * 40
+
+#: How long after its dump the db-restore fault puts it back, and what it allows past the tier's
+#: bound (two fence periods) for the renewal's own round trips.
+RESTORE_AFTER_SECONDS = (0.3, 0.8)
+RESTORE_MARGIN_SECONDS = 0.5
 
 LOCK_WAIT_SECONDS = 1
 LOCK_HOLD_SECONDS = 1.2
@@ -349,6 +359,29 @@ class Nemesis:
         if failover is None:  # stopped before the crash
             return False
         self.failovers.append(failover)
+        return True
+
+    def _db_restore(self) -> bool:
+        """A dump of the run's sessions (and the cache incarnation row), taken now and restored
+        into the live database a moment later, by plain SQL (:mod:`.dumps`): every write
+        acknowledged in between is lost, as after ``pg_restore``, a point-in-time recovery or a
+        promoted asynchronous replica. Reads may show what it lost until the tier's documented
+        bound has passed (two fence periods), and never after."""
+        dumped_at = clock.now().timestamp()
+        taken = dumps.dump(self.database, self.sessions)
+        self._stop.wait(self._rng.uniform(*RESTORE_AFTER_SECONDS))
+        dumps.restore(taken)
+        restored_at = clock.now().timestamp()
+        fence = self.cache.fence_seconds if self.cache is not None else 0.0
+        self.failovers.append(
+            Failover(
+                restored_at,
+                restored_at + 2 * fence + RESTORE_MARGIN_SECONDS,
+                ("", ""),
+                kind="restore",
+                lost_after=dumped_at,
+            )
+        )
         return True
 
     def _node_kill(self) -> bool:

@@ -26,6 +26,18 @@ CHECKPOINT_KINDS = frozenset({"cp-put", "cp-fork", "cp-writes", "cp-read", "cp-l
 IN_TRANSACTION = "Transient in the caller's transaction"
 
 
+def allowed_without_answer(error: str) -> bool:
+    """Whether a call may end without an answer with this error, by the contract: the store
+    said it could not (``MemoryUnavailable``), or the caller's own transaction met a transient
+    error. Any other error that reaches a caller is an anomaly (check ``caller-error``)."""
+    return error.startswith(("MemoryUnavailable", IN_TRANSACTION, DATABASE_LOST))
+
+
+#: The error a retry is judged with when the database lost its first call (a failover, a
+#: restore): it wrote again as a new request -- indeterminate, the database's consequence.
+DATABASE_LOST = "DatabaseLostTheFirstCall"
+
+
 @dataclass
 class Operation:
     id: str

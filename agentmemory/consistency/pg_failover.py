@@ -56,6 +56,11 @@ class Failover:
     #: False for a failover the cluster made on its own during the run (:class:`TimelineWatch`
     #: saw its timeline move): ``crashed_at`` is then the last time the old timeline answered.
     injected: bool = True
+    #: ``"restore"`` for memcheck's ``db-restore`` (a dump of its sessions put back): only writes
+    #: invoked after ``lost_after`` (the dump) and before ``crashed_at`` (the restore's end) can
+    #: be lost, and reads until ``promoted_at`` (the tier's documented bound) may still show them.
+    kind: str = "failover"
+    lost_after: float = 0.0
 
 
 def is_ha_alias(alias: str) -> bool:

@@ -108,6 +108,8 @@ class Final:
                     f["promoted_at"],
                     tuple(f["timelines"]),  # type: ignore[arg-type]
                     f.get("injected", True),
+                    f.get("kind", "failover"),
+                    f.get("lost_after", 0.0),
                 )
                 for f in line["failovers"]
             ],
@@ -122,18 +124,36 @@ def save(path: str, history: History, final: Final) -> None:
         out.write(final.as_line() + "\n")
 
 
+#: The longest line :func:`load` reads (the final state's line grows with the run's keys): a
+#: file without line breaks (``/dev/zero``) is refused, not read into memory whole.
+LINE_MAX_BYTES = 512 * 1024 * 1024
+
+
 def load(path: str | Path) -> tuple[History, Final]:
-    """A file :func:`save` wrote. Raises ValueError naming the line that is not one."""
+    """A file :func:`save` wrote. Raises ValueError naming the file, the line and what is wrong
+    with it -- for any input: not a regular file, not UTF-8, a line over
+    :data:`LINE_MAX_BYTES`, JSON nested deeper than Python can decode, records of the wrong
+    shape (OSError only when the file cannot be opened or read)."""
+    if Path(path).exists() and not Path(path).is_file():
+        raise ValueError(f"{path}: not a regular file (a history memcheck saved with --history)")
     history, final = History(run_id=""), None
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with open(path, "rb") as lines:
+        number = 0
+        while raw := lines.readline(LINE_MAX_BYTES + 1):
+            number += 1
+            if len(raw) > LINE_MAX_BYTES:
+                raise ValueError(f"{path}, line {number}: longer than {LINE_MAX_BYTES} bytes")
             try:
-                data = json.loads(line)
+                data = json.loads(raw.decode("utf-8"))
+                if not isinstance(data, dict):
+                    raise TypeError(f"a JSON {type(data).__name__}, not an object")
                 if data.get("record") == FINAL:
                     final = Final.from_line(data)
                 else:
                     history.extend([Operation(**data)])
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            except RecursionError:
+                raise ValueError(f"{path}, line {number}: JSON nested too deep") from None
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
                 raise ValueError(f"{path}, line {number}: not a memcheck record ({exc})") from exc
     if final is None:
         raise ValueError(

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from xml.etree import ElementTree
 
 from .checker import CHECKS, DATABASE_OWN
+from .history import allowed_without_answer
 from .runner import RunResult
 from .selftest import REAL, SelfTestResult
 
@@ -26,8 +27,15 @@ def render_text(result: RunResult) -> str:
     mode = "UNSAFE (unlocked read-then-write)" if result.unsafe else "locked write path"
     lines = [
         f"memcheck run {result.run_id} on {result.vendor} (database {result.database!r}), {mode}",
-        f"  {data['operations']} operations by {result.config.workers} workers in {data['seconds']}s "
-        f"({data['ops_per_second']} ops/s); retries absorbed by the store: {result.retries or 'none'}",
+        f"  {data['operations']} calls by {result.config.workers} workers in {data['seconds']}s "
+        f"({data['ops_per_second']} calls/s)"
+        + (
+            f", for {result.config.ops} workload steps (--ops counts steps; a step makes one or "
+            "more calls: a retry sends its write again, a checkpoint step reads, then puts)"
+            if result.config.ops
+            else ""
+        ),
+        f"  retries absorbed by the store: {result.retries or 'none'}",
         f"  cache tier: {', '.join(f'{k} {v}' for k, v in sorted(result.cache_stats.items())) or 'off'}",
         f"  faults ({result.faults}): "
         + (
@@ -51,6 +59,10 @@ def render_text(result: RunResult) -> str:
             f"  {kind:<10} {counts['ok']:>7} {counts['fail']:>7} {counts['info']:>7} "
             + " ".join(f"{lat.get(q, 0):>8.1f}" for q in ("p50", "p95", "p99", "max"))
         )
+    lines.append(
+        "  (ok: answered; fail: refused as the contract says -- a conflict, bad input --, nothing "
+        "written; info: no answer, its outcome unknown to the caller)"
+    )
     nodes = result.nodes
     if len(nodes) > 1:
         lines += [
@@ -90,18 +102,27 @@ def checks_and_anomalies(
     for check, meaning in CHECKS.items():
         verdict = f"FAIL {found[check]}" if found[check] else "pass"
         lines.append(f"  {check:<19} {verdict:<8} {meaning}")
-    if raised:
+    allowed = Counter({c: n for c, n in raised.items() if allowed_without_answer(c)})
+    not_allowed = Counter({c: n for c, n in raised.items() if not allowed_without_answer(c)})
+    if allowed:
         lines += [
             "",
-            f"  {sum(raised.values())} of {calls} calls raised to their caller without an "
-            "answer (not anomalies: the store said it could not):",
-            *(f"    {count:>6} x {cause}" for cause, count in raised.most_common(5)),
+            f"  {sum(allowed.values())} of {calls} calls raised to their caller without an "
+            "answer, as the contract allows (not anomalies: the store said it could not):",
+            *(f"    {count:>6} x {cause}" for cause, count in allowed.most_common(5)),
         ]
-        if vendor == "sqlite" and any("locked" in cause for cause in raised):
-            lines.append(
-                "    SQLite writers that fail with 'database is locked' instead of waiting: see "
-                "system check agentmemory.W001 (OPTIONS transaction_mode IMMEDIATE, timeout)"
-            )
+    if not_allowed:
+        lines += [
+            "",
+            f"  {sum(not_allowed.values())} of {calls} calls raised an error the contract does "
+            "not allow (anomalies: check caller-error):",
+            *(f"    {count:>6} x {cause}" for cause, count in not_allowed.most_common(5)),
+        ]
+    if vendor == "sqlite" and any("locked" in cause for cause in raised):
+        lines.append(
+            "    SQLite writers that fail with 'database is locked' instead of waiting: see "
+            "system check agentmemory.W001 (OPTIONS transaction_mode IMMEDIATE, timeout)"
+        )
     if anomalies:
         lines += [
             "",
@@ -135,8 +156,8 @@ def _verdict(found: Counter[str]) -> str:
     if not own:
         return "anomalies found"
     lost = (
-        f"the database lost {own} acknowledged write(s) in a failover (its standby had not "
-        "received them: asynchronous replication)"
+        f"the database lost {own} acknowledged write(s): taken back by a failover (a standby "
+        "that had not received them) or a restore"
     )
     if theirs:
         return f"anomalies found ({theirs}), and {lost}"

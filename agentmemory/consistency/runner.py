@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connections
 from django.test.utils import override_settings
 
+from .. import clock
 from ..conf import get_config
 from ..defects import NONE as NO_DEFECTS
 from ..defects import Defect, Defects
@@ -405,6 +406,7 @@ def _run(
             if injected_failovers:  # this thread's connections went with the old primary
                 for alias in aliases:
                     connections[alias].close()
+            _wait_out_restores(injected_failovers)
             final_reads(stores, run_id, config, history)
         failovers = injected_failovers + (
             watch.failovers if isinstance(watch, TimelineWatch) else []
@@ -449,6 +451,16 @@ def _run(
         fault_errors=fault_errors,
         redis=redis.describe() if redis is not None else "",
     )
+
+
+def _wait_out_restores(failovers: Sequence[Failover]) -> None:
+    """Quiescence comes after every fault has healed: a restore (``db-restore``) heals when the
+    tier's bound has passed (two fence periods: until then reads, and the entries the final look
+    reads, may still show what it took back). Waits until the last restore's bound."""
+    healed = max((f.promoted_at for f in failovers if f.kind == "restore"), default=0.0)
+    wait = healed - clock.now().timestamp()
+    if wait > 0:
+        time.sleep(wait)
 
 
 def run_sessions(database: str, run_id: str, known: Iterable[str]) -> list[str]:

@@ -54,6 +54,8 @@ REAL = "(the real store)"
 #: Variants that show only under a fault: a transient database error to retry; a Redis restart
 #: (a connection that reconnects to another server process).
 NEEDS_FAULTS = frozenset({Defect.NOT_RETRIED, Defect.SERVER_ID_KEPT})
+#: Variants that show only under a fault of their own, whatever the run's: a restore.
+OWN_FAULTS = {Defect.RESTORE_UNSEEN: "restore"}
 
 
 @dataclass
@@ -87,6 +89,10 @@ def not_applicable(
             "no Redis server restarts here (--faults cache restarts the Redis memcheck starts, "
             "and a connection reconnects to the new process)"
         )
+    if defect is Defect.RESTORE_UNSEEN and faults == "none":
+        return "no database fault runs here (the database is not on this machine)"
+    if defect is Defect.UPSERT_SKIPS_HISTORY and vendor != "postgresql":
+        return "the one-statement write function is PostgreSQL's (migration 0008)"
     if defect is Defect.NOT_RETRIED:
         if vendor == "sqlite":
             return (
@@ -119,10 +125,11 @@ def run_self_test(
         # The real store under the run's faults; a variant under them only if it needs them to
         # show (the rest are caught without, in less time).
         needs = not planted or any(d in NEEDS_FAULTS for d in planted)
+        own = next((OWN_FAULTS[d] for d in planted if d in OWN_FAULTS), None)
         return run_memcheck(
             list(aliases),
             dataclasses.replace(config, seed=seed),
-            faults=faults if needs else "none",
+            faults=own or (faults if needs else "none"),
             defects=planted,
         )
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from ..cache import decode_entry, entry_version, stamp
+from ..cache import decode_entry, entry_version
 from ..models import Memory, MemoryVersion
 
 
@@ -121,14 +121,8 @@ def cached_versions(
 
 
 def served_stamp(cache: Any) -> str:
-    """The stamp of the entries a reader trusts now: this Redis server's run_id and the fence's
-    epoch (the database's, when no fence is up: what the next renewal sets)."""
-    client = cache.client
-    fenced = client.get(cache.fence_key)
-    return stamp(
-        client.info("server")["run_id"],
-        fenced.decode() if fenced is not None else cache.database_epoch(),
-    )
+    """The stamp of the entries a reader trusts now (:meth:`MemoryCache.trusted_stamp`)."""
+    return cache.trusted_stamp()
 
 
 def served_entries(

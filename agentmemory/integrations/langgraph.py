@@ -41,7 +41,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.embed import ensure_embeddings
 
-from .. import aio, clock
+from .. import aio, clock, validation
 from ..errors import InvalidMemory, VersionConflict
 from ..models import Memory, is_live
 from ..semantic import FILTER_FIELD, Index, matches
@@ -56,8 +56,19 @@ T = TypeVar("T")
 
 
 def session_of(namespace: tuple[str, ...]) -> str:
-    """The session id of a namespace: reversible, and distinct for distinct namespaces."""
-    session = PREFIX + "".join(quote(label, safe="") + "/" for label in namespace)
+    """The session id of a namespace: reversible, and distinct for distinct namespaces. A
+    ``str`` is refused (each of its characters would be taken for a label)."""
+    if isinstance(namespace, str | bytes) or not isinstance(namespace, tuple | list):
+        raise InvalidNamespaceError(
+            f"a namespace is a tuple of str labels, got {type(namespace).__name__} "
+            f"{namespace!r:.60}"
+        )
+    try:
+        session = PREFIX + "".join(quote(label, safe="") + "/" for label in namespace)
+    except (UnicodeEncodeError, TypeError) as error:  # a lone surrogate, a label not a str
+        raise InvalidNamespaceError(
+            f"namespace {namespace!r} has a label that is not text a database can store: {error}"
+        ) from None
     if len(session) > SESSION_ID_MAX:
         raise InvalidNamespaceError(
             f"namespace {namespace!r} is {len(session)} characters as an agentmemory session "
@@ -347,6 +358,18 @@ class AgentMemoryStore(BaseStore):
         return rows.filter(prefix_filter(connections[self.store.using], "session_id", prefix))
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        if op.max_depth is not None:
+            validation.check_version("max_depth", op.max_depth, minimum=1)
+        validation.check_version("limit", op.limit, minimum=0)
+        validation.check_version("offset", op.offset, minimum=0)
+        for condition in op.match_conditions or ():
+            if isinstance(condition.path, str | bytes) or not isinstance(
+                condition.path, tuple | list
+            ):
+                raise InvalidNamespaceError(
+                    f"a namespace {condition.match_type} is a tuple of str labels, got "
+                    f"{type(condition.path).__name__} {condition.path!r:.60}"
+                )
         sessions = (
             self._rows_under(PREFIX)
             .values_list("session_id", flat=True)

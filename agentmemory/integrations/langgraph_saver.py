@@ -22,9 +22,11 @@ what the chains' storage guarantees (:mod:`agentmemory.checkpoints`):
 How a put knows which rule applies: a checkpoint tuple this saver returns carries, in its
 config's ``configurable``, the key ``"__agentmemory_expect__"``: ``""`` when it was the latest
 checkpoint of its chain (loaded without a ``checkpoint_id``), the checkpoint's id when it was
-asked for by id. LangGraph carries a loaded tuple's config into the puts of the run; a put whose
-config has the key must extend the chain's latest checkpoint or the one the key names. A config
-without the key (one built by hand) is stored by LangGraph's rule alone.
+asked for by id; and a config a put returns carries ``""`` too, whatever config the put was
+given (a run that began on a new thread puts from the caller's own config). LangGraph carries a
+loaded tuple's config into the puts of the run; a put whose config has the key must extend the
+chain's latest checkpoint or the one the key names. A config without the key (one built by
+hand) is stored by LangGraph's rule alone.
 """
 
 from __future__ import annotations
@@ -50,7 +52,15 @@ from .. import aio
 from ..checkpoints import PAGE, NewBlob, StoredCheckpoint
 from ..errors import InvalidMemory
 from ..store import MemoryStore
-from ..validation import CHECKPOINT_NAME_MAX, CHECKPOINT_NS_MAX, THREAD_ID_MAX
+from ..validation import (
+    CHECKPOINT_NAME_MAX,
+    CHECKPOINT_NS_MAX,
+    THREAD_ID_MAX,
+    check_name,
+    check_sequence,
+    check_text,
+    check_version,
+)
 from .threads import call_sync
 
 #: The key of a loaded checkpoint's ``configurable`` that tells a put which parents it may have.
@@ -121,8 +131,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         self._call("delete_thread", self.chains.delete_threads, [_thread_id(thread_id)])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        ids = [str(run_id) for run_id in run_ids]
-        self._call("delete_for_runs", self.chains.delete_runs, ids)
+        self._call("delete_for_runs", self.chains.delete_runs, _run_ids(run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         source, target = _thread_id(source_thread_id), _thread_id(target_thread_id)
@@ -183,7 +192,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         await aio.run(self.chains.delete_threads, [_thread_id(thread_id)])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await aio.run(self.chains.delete_runs, [str(run_id) for run_id in run_ids])
+        await aio.run(self.chains.delete_runs, _run_ids(run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         source, target = _thread_id(source_thread_id), _thread_id(target_thread_id)
@@ -202,7 +211,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, checkpoint_ns = _chain(config)
-        checkpoint_id = get_checkpoint_id(config)
+        checkpoint_id = _checkpoint_id(config)
         stored = self.chains.get(thread_id, checkpoint_ns, checkpoint_id)
         if stored is None:
             return None
@@ -219,7 +228,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         thread_id, checkpoint_ns = _chain(config)
         configurable = config["configurable"]
-        parent = configurable.get("checkpoint_id")
+        parent = _checkpoint_id(config)
         expect = configurable.get(EXPECT)
         checkpoint_id = _name("checkpoint id", checkpoint["id"])
         stored = dict(checkpoint)
@@ -238,7 +247,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
             thread_id,
             checkpoint_ns,
             checkpoint_id,
-            None if parent is None else str(parent),
+            parent,
             expect=None if expect is None else str(expect),
             checkpoint=self.serde.dumps_typed(stored),
             metadata=self.serde.dumps_typed(saved_metadata),
@@ -253,8 +262,11 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
             "checkpoint_ns": checkpoint_ns,
             "checkpoint_id": checkpoint_id,
         }
-        if expect is not None:
-            returned[EXPECT] = ""  # the checkpoint just stored extends its chain
+        # Whatever config the put was given (a run that began on a new thread puts from the
+        # caller's own, without the key): a put from the config it returns must extend the
+        # checkpoint just stored, or the chain's latest -- two writers going on from one
+        # returned config never fork the chain silently.
+        returned[EXPECT] = ""
         return {"configurable": returned}
 
     def _put_writes(
@@ -265,7 +277,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         task_path: str,
     ) -> None:
         thread_id, checkpoint_ns = _chain(config)
-        checkpoint_id = config["configurable"].get("checkpoint_id")
+        checkpoint_id = _checkpoint_id(config)
         if checkpoint_id is None:
             raise InvalidMemory(
                 "config", "put_writes needs the checkpoint's id (configurable.checkpoint_id)"
@@ -281,9 +293,9 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         self.chains.put_writes(
             thread_id,
             checkpoint_ns,
-            _name("checkpoint id", str(checkpoint_id)),
+            checkpoint_id,
             _name("task id", str(task_id)),
-            task_path,
+            check_text("task_path", task_path, CHECKPOINT_NS_MAX),
             rows,
         )
 
@@ -292,7 +304,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
             raise InvalidMemory(
                 "strategy", f"must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}"
             )
-        ids = [_thread_id(thread_id) for thread_id in thread_ids]
+        ids = [_thread_id(thread_id) for thread_id in check_sequence("thread_ids", thread_ids)]
         self.chains.prune(ids, keep_latest=strategy == "keep_latest")
 
     def _tuple(self, stored: StoredCheckpoint, *, expect: str | None) -> CheckpointTuple:
@@ -344,10 +356,10 @@ class _Listing:
         self.thread_id = None if config is None else _chain(config)[0]
         ns = configurable.get("checkpoint_ns")
         self.checkpoint_ns = None if ns is None else _name("checkpoint_ns", ns, CHECKPOINT_NS_MAX)
-        self.checkpoint_id = get_checkpoint_id(config) if config else None
-        self.before = get_checkpoint_id(before) if before else None
+        self.checkpoint_id = _checkpoint_id(config)
+        self.before = _checkpoint_id(before, "before")
         self.filter = dict(filter or {})
-        self.left = limit
+        self.left = _limit(limit)
         self.after: tuple[str, int] | None = None
         self.done = False
 
@@ -392,15 +404,33 @@ def _chain(config: RunnableConfig) -> tuple[str, str]:
     )
 
 
+def _run_ids(run_ids: Any) -> list[str]:
+    """Run ids as LangGraph's savers take them: a list of ids (a UUID is its string), never a
+    single str."""
+    return [
+        _name("run_ids", str(run_id), minimum=1)
+        for run_id in check_sequence("run_ids", run_ids, "run ids")
+    ]
+
+
 def _thread_id(thread_id: Any) -> str:
     return _name("thread_id", str(thread_id), THREAD_ID_MAX, minimum=1)
 
 
 def _name(field: str, text: Any, limit: int = CHECKPOINT_NAME_MAX, *, minimum: int = 0) -> str:
-    if not isinstance(text, str):
-        raise InvalidMemory(field, f"must be a string, got {type(text).__name__}")
-    if not minimum <= len(text) <= limit:
-        raise InvalidMemory(
-            field, f"must be {minimum} to {limit} characters, got {len(text)}: {text[:40]!r}"
-        )
-    return text
+    """An id of a chain, with the store's own rules (:func:`~agentmemory.validation.check_name`):
+    no NUL for PostgreSQL, no lone surrogate for any driver, nothing that displays as another."""
+    return check_name(field, text, limit, minimum=minimum)
+
+
+def _checkpoint_id(config: RunnableConfig | None, field: str = "checkpoint_id") -> str | None:
+    """The ``checkpoint_id`` a config names, if any: a str (an int would reach the driver)."""
+    found = get_checkpoint_id(config) if config else None
+    # "" names no checkpoint (the latest), as LangGraph's own savers read it.
+    return None if found is None or found == "" else _name(field, found, minimum=1)
+
+
+def _limit(limit: Any) -> int | None:
+    if limit is None:
+        return None
+    return check_version("limit", limit, minimum=0)

@@ -28,6 +28,7 @@ from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
 from .. import validation
+from ..errors import InvalidMemory
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -73,6 +74,8 @@ class AgentMemorySession(SessionABC):
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The conversation, oldest first: the latest ``limit`` items (0: none; negative or
         None without a settings limit: all)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidMemory("limit", f"must be an int or None, got {type(limit).__name__}")
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
             limit = None  # SQLiteSession's (SQLite's) meaning of a negative LIMIT
@@ -81,8 +84,9 @@ class AgentMemorySession(SessionABC):
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` in their order, all or nothing."""
+        items = validation.check_sequence("items", items, "items")  # a dict's keys are not items
         if items:
-            await self.store.aappend(self.session_id, self.stream, list(items))
+            await self.store.aappend(self.session_id, self.stream, items)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the most recent item (None: the session is empty)."""

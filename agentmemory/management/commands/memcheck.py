@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from ...consistency.report import (
     render_self_test_junit,
     render_text,
 )
-from ...consistency.runner import Progress, run_memcheck
+from ...consistency.runner import Progress, RunResult, run_memcheck
 from ...consistency.selftest import Outcome, render_self_test, run_self_test
 from ...consistency.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
 from ...errors import MemoryUnavailable
@@ -84,6 +87,13 @@ class Command(BaseCommand):
         "expired reads. Exit 0: no anomaly; 1: anomalies found; 2: could not run."
     )
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        # An abbreviation is refused, not taken for the one option it starts (``--force`` was
+        # taken as Django's --force-color, ``--rep`` as --report).
+        parser.allow_abbrev = False
+        return parser
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--database",
@@ -128,7 +138,9 @@ class Command(BaseCommand):
             help="inject faults while the workload runs (servers on this machine only): lock = "
             "hold competing locks a moment (the default where the database is on this machine, "
             "none elsewhere); db = that and kill connections server-side; cache = kill, pause, "
-            "restart and fail over a Redis memcheck starts; all = db and cache",
+            "restart and fail over a Redis memcheck starts; all = db and cache; restore = put "
+            "back a dump of the run's sessions a moment after taking it (what it loses is "
+            "reported as the database's own loss; reads may show it for two fence periods)",
         )
         parser.add_argument(
             "--workloads",
@@ -183,7 +195,14 @@ class Command(BaseCommand):
             metavar="DIR",
             help="also write the run as a page to look at: DIR/index.html (plots of throughput "
             "and latency with the faults shaded, the checks, each anomaly's operations) and "
-            "DIR/history.jsonl",
+            "DIR/history.jsonl. DIR must be new or empty (see --force); it is checked before "
+            "the run",
+        )
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="--report into a folder that is not empty: the report's files replace those "
+            "of the same names (a symbolic link among them is replaced, never followed)",
         )
         parser.add_argument(
             "--check",
@@ -202,19 +221,25 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["report"]:
+            _prepare_report_folder(options["report"], options["force"])
+        elif options["force"]:
+            raise CommandError("--force applies to --report DIR only", returncode=2)
+        if options["junit"]:
+            _check_writable(options["junit"], "junit")
         if options["check"]:
-            return self._check(options["check"], options["format"])
+            return self._check(options["check"], options)
         aliases = [a.strip() for a in (options["database"] or get_config()["DATABASE"]).split(",")]
         for alias in aliases:
             if alias not in connections.settings:
                 raise CommandError(f"unknown database alias {alias!r}", returncode=2)
         if len(set(aliases)) != len(aliases) or not all(aliases):
             raise CommandError(f"--database lists an alias twice or empty: {aliases}", returncode=2)
-        for option in ("history", "junit"):
-            if options[option]:
-                _check_writable(options[option], option)
+        if options["history"]:
+            _check_writable(options["history"])
         for alias in aliases:
             self._check_ready(alias)
+        self._check_cache()
         database = aliases[0]
         if options["audit"]:
             return self._audit(database, options["format"], options["grace"])
@@ -293,6 +318,18 @@ class Command(BaseCommand):
         if not result.ok:
             raise SystemExit(1)
 
+    def _check_cache(self) -> None:
+        """The cache tier's Redis answers, or exit 2 with one line within seconds (a database
+        index out of range died with a raw ResponseError traceback after 14 s)."""
+        alias = get_config()["CACHE"]
+        if alias is None:
+            return
+        from ...cache import probe_cache
+
+        problem = probe_cache(alias)
+        if problem is not None:
+            raise CommandError(f"memcheck could not run: {problem}", returncode=2)
+
     def _check_ready(self, database: str) -> None:
         # A fresh connection: one left from before (a node restarted since) would fail here.
         connections[database].close()
@@ -367,19 +404,40 @@ class Command(BaseCommand):
                 Path(options["junit"]).write_text(junit(result), encoding="utf-8")
             if options["report"]:
                 where = f"--report {options['report']}"
-                page = report(result, options["report"])
+                page = _write_into(options["report"], lambda folder: report(result, folder))
                 self.stderr.write(f"memcheck: the report is {page}")
         except OSError as exc:
             raise CommandError(f"cannot write {where}: {exc}", returncode=2) from exc
 
-    def _check(self, path: str, fmt: str) -> None:
+    def _check(self, path: str, options: dict[str, Any]) -> None:
+        fmt = options["format"]
         try:
             history, final = recorded.load(path)
         except OSError as exc:
             raise CommandError(f"cannot read --check {path}: {exc}", returncode=2) from exc
-        except ValueError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        anomalies = final.anomalies(history)
+        except (ValueError, MemoryError) as exc:
+            raise CommandError(f"cannot check --check {path}: {exc}", returncode=2) from exc
+        try:
+            anomalies = final.anomalies(history)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            # Records of the right shape holding what no run records (a hand-edited file).
+            raise CommandError(
+                f"cannot check --check {path}: its records are not a history memcheck saved "
+                f"({type(exc).__name__}: {exc})",
+                returncode=2,
+            ) from exc
+        result = RunResult(
+            run_id=Path(path).stem,
+            database=f"--check {path}",
+            vendor="recorded",
+            unsafe=False,
+            config=WorkloadConfig(),
+            history=history,
+            anomalies=anomalies,
+            seconds=0.0,
+            final=final,
+        )
+        self._write_extras(options, result, render_junit, write_report)
         if fmt == "json":
             self.stdout.write(
                 json.dumps(
@@ -426,8 +484,47 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"- [{anomaly.check}] ({anomaly.session_id!r}, {anomaly.key!r}): {anomaly.message}"
                 )
+            if cache is not None and any(a.check.startswith("cache") for a in anomalies):
+                self.stdout.write(
+                    "The tier serves what the database does not hold: `manage.py repaircache"
+                    f" --database {database}` deletes those entries (docs/redis.md)."
+                )
         if anomalies:
             raise SystemExit(1)
+
+
+def _prepare_report_folder(path: str, force: bool) -> None:
+    """``--report DIR`` checked before the run: a folder (created if missing) that this
+    process can write into, and empty unless ``--force`` -- said now, not after the run."""
+    folder = Path(path)
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise CommandError(f"--report {path}: not a folder", returncode=2)
+        folder.mkdir(parents=True, exist_ok=True)
+        if any(folder.iterdir()) and not force:
+            raise CommandError(
+                f"--report {path}: the folder is not empty; choose a new or empty one, or pass "
+                "--force to replace the report's files in it",
+                returncode=2,
+            )
+        os.rmdir(tempfile.mkdtemp(prefix=".memcheck-", dir=folder))  # writable?
+    except OSError as exc:
+        raise CommandError(f"cannot write --report {path}: {exc}", returncode=2) from exc
+
+
+def _write_into(path: str, write: Callable[[Path], Path]) -> Path:
+    """``write`` the report into a new folder of a random name inside ``path``, then move each
+    file into ``path``: a rename replaces a symbolic link planted there instead of writing
+    through it (a symlinked history.jsonl wrote outside the folder). Returns the page."""
+    folder = Path(path)
+    staging = Path(tempfile.mkdtemp(prefix=".memcheck-", dir=folder))
+    try:
+        page = write(staging)
+        for entry in staging.iterdir():
+            os.replace(entry, folder / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder / page.name
 
 
 def _check_writable(path: str, option: str = "history") -> None:

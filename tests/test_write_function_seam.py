@@ -1,0 +1,47 @@
+"""PostgreSQL's one-statement write is a function of the database's (``agentmemory_upsert``,
+migration 0008); its declared seam ``Defect.UPSERT_SKIPS_HISTORY`` calls a broken copy
+(migration 0010) that inserts no history version on an overwrite -- so a bug in the function
+itself is shown to be caught, by the suite and by memcheck's self-test."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from agentmemory import MemoryStore
+from agentmemory.consistency.selftest import run_self_test
+from agentmemory.consistency.workloads import WorkloadConfig
+from agentmemory.defects import Defect
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def test_the_broken_function_is_called_and_loses_the_history_of_an_overwrite():
+    store = MemoryStore(cache=None, defects={Defect.UPSERT_SKIPS_HISTORY})
+    store.remember("s", "k", "a")
+    store.remember("s", "k", "b")
+    assert store.recall("s", "k").version == 2
+    assert [v.version for v in store.history("s", "k")] == [1]  # the planted bug, visible
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT proname FROM pg_proc WHERE proname LIKE 'agentmemory_upsert%%'")
+        assert sorted(row[0] for row in cursor.fetchall()) == [
+            "agentmemory_upsert",
+            "agentmemory_upsert_selftest_skips_history",
+        ]
+
+
+def test_the_real_function_keeps_every_version():
+    store = MemoryStore(cache=None)
+    store.remember("s", "k", "a")
+    store.remember("s", "k", "b")
+    assert [v.version for v in store.history("s", "k")] == [1, 2]
+
+
+def test_memchecks_self_test_catches_a_bug_in_the_function():
+    config = WorkloadConfig(ops=600, workloads=("register", "list"))
+    result = run_self_test(
+        ["default"], config, faults="none", defects=[Defect.UPSERT_SKIPS_HISTORY]
+    )
+    real, outcome = result.outcomes
+    assert real.passed, real
+    assert outcome.applicable and outcome.caught, outcome
