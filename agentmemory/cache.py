@@ -336,6 +336,11 @@ RECENT_BOUND = 50_000
 #: Keys per round trip when a renewal checks entries against the database.
 CHECK_CHUNK = 500
 
+#: After a fence renewal that failed (a conflict on the counter's row, a lost connection), the
+#: next one this process tries waits this long (at most the fence period): meanwhile its recalls
+#: read the database, rather than each one trying again.
+RENEWAL_BACKOFF_SECONDS = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class CachedRead:
@@ -373,6 +378,7 @@ class MemoryCache:
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._renew_after = 0.0  # a renewal that failed: the next try not before (monotonic)
         self._outage = False
         self._scripts: dict[str, Any] = {}
         #: Planted bugs (:mod:`agentmemory.defects`), for memcheck's self-test only.
@@ -925,7 +931,7 @@ class MemoryCache:
 
         Replaying a key deletes its entry and lease (never sets a value): whatever Redis holds
         for it may be older than the database, and deleting can only cause a miss."""
-        if not self.available:
+        if not self.available or time.monotonic() < self._renew_after:
             return
         pending = list(
             PendingInvalidation.objects.using(self.using)
@@ -946,8 +952,11 @@ class MemoryCache:
                     went_back, published, checked = self._check_incarnation(epoch_now)
                 except DatabaseError as exc:
                     # A conflict on the counter's row (another renewal, on another Galera node),
-                    # a lost connection: no renewal now, the next reader tries again.
+                    # a lost connection: no renewal now; this process tries again after a moment.
                     self.count("renewal_errors")
+                    self._renew_after = time.monotonic() + min(
+                        RENEWAL_BACKOFF_SECONDS, self.fence_seconds
+                    )
                     logger.debug("fence renewal skipped: %s", exc)
                     return
                 counter = str(published)
@@ -995,6 +1004,15 @@ class MemoryCache:
         entries = self._trusted_entries(pairs, trusted)
         connection = connections[self.using]
         with transaction.atomic(using=self.using):
+            if connection.vendor == "postgresql":
+                # A recall runs this: its COMMIT must not wait for a synchronous standby, which
+                # with Patroni's synchronous_mode_strict and the standby gone is forever. Flushed
+                # on the primary only, a failover can take the counter back below what Redis
+                # holds: the next renewal then sees the database gone back (it did: a commit
+                # was lost) and the cache distrusts all it held -- as the failover's new
+                # timeline already made it.
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL synchronous_commit = local")
             counter = _incarnation(connection, move=bool(pairs))
             before = counter - 1 if pairs else counter
             unbacked = _unbacked(self.using, entries)

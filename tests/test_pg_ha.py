@@ -359,7 +359,9 @@ def test_a_commit_whose_wait_for_the_synchronous_standby_was_cancelled_is_not_ac
         assert "record" not in outcome, "a COMMIT the standby never confirmed was acknowledged"
         assert "synchronous standby was cancelled" in str(outcome["error"])
         assert cached_versions(store.cache, [("s", "k")]) == {("s", "k"): None}
-        assert store.recall("s", "k").version == 2  # what the primary holds, for now
+        # What the primary holds, for now -- read without waiting for the standby: the recall's
+        # fence renewal commits (its incarnation counter) on the primary only.
+        assert recall_within(store, ("s", "k"), seconds=30).version == 2
         # Retried while the standby still has nothing: the retry's COMMIT waits for it too.
         outcome = write_and_cancel_its_wait()
         assert "record" not in outcome, "the retry acknowledged a write the standby lacks"
@@ -369,6 +371,27 @@ def test_a_commit_whose_wait_for_the_synchronous_standby_was_cancelled_is_not_ac
     assert (retried.version, retried.value) == (2, {"n": 2})
     assert [v.version for v in store.history("s", "k")] == [1, 2]
     assert store.recall("s", "k").version == 2
+
+
+def recall_within(store: MemoryStore, at: tuple[str, str], seconds: float) -> Any:
+    """``store.recall(*at)`` in a thread; fails if it has not returned after ``seconds``."""
+    answer: dict[str, Any] = {}
+
+    def recall() -> None:
+        try:
+            answer["record"] = store.recall(*at)
+        except Exception as error:  # handed to the test
+            answer["error"] = error
+        finally:
+            connections.close_all()
+
+    reader = threading.Thread(target=recall, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    assert not reader.is_alive(), f"the recall waited {seconds} s (for the synchronous standby?)"
+    if "error" in answer:
+        raise answer["error"]
+    return answer["record"]
 
 
 # ---------------------------------------------------------------------- memcheck across a failover
