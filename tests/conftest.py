@@ -41,8 +41,11 @@ def pytest_collection_modifyitems(config, items):
     apply): ``server`` tests act on a server connection (SQLite runs in-process); ``cluster``
     tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL);
     ``postgres`` tests are about PostgreSQL's driver settings; ``pg_ha`` tests need the local
-    PostgreSQL HA cluster (one alias over several hosts: scripts/pg-ha.sh)."""
+    PostgreSQL HA cluster (one alias over several hosts: scripts/pg-ha.sh); ``mariadb_pair``
+    tests the local MariaDB primary and replica behind their router (scripts/mariadb-pair.sh)."""
     from django.conf import settings
+
+    from agentmemory.consistency import mysql_pair
 
     not_here = set()
     if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -53,6 +56,8 @@ def pytest_collection_modifyitems(config, items):
         not_here.add("postgres")
     if "," not in str(settings.DATABASES["default"].get("HOST") or ""):
         not_here.add("pg_ha")
+    if str(settings.DATABASES["default"].get("PORT") or "") != str(mysql_pair.ROUTER_PORT):
+        not_here.add("mariadb_pair")
     deselected = [i for i in items if any(i.get_closest_marker(m) for m in not_here)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)

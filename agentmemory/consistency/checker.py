@@ -297,7 +297,14 @@ def database_losses(
             key=lambda f: f.crashed_at,
             default=failovers[-1],
         )
-        if failover.kind == "restore":
+        if failover.kind == "promotion":
+            old, new = failover.timelines
+            how = (
+                f"the replica was promoted {failover.crashed_at - (op.completed_at or 0):.3f}s "
+                f"later (GTID {old} on the crashed primary, {new} on the replica) without having "
+                "received it -- asynchronous replication"
+            )
+        elif failover.kind == "restore":
             how = (
                 f"the database was restored {failover.crashed_at - (op.completed_at or 0):.3f}s "
                 f"later from a dump taken {(op.completed_at or 0) - failover.lost_after:.3f}s "
@@ -355,7 +362,7 @@ def _may_lose(op: Operation, failovers: list[Any]) -> bool:
     acknowledged before its promotion; a restore (memcheck's ``db-restore``), a write that ran
     after the dump began and was invoked before the restore ended."""
     for f in failovers:
-        if f.kind == "restore":
+        if f.kind in ("restore", "promotion"):
             if (op.completed_at or f.crashed_at) >= f.lost_after and op.invoked_at <= f.crashed_at:
                 return True
         elif (op.completed_at or op.invoked_at) <= f.promoted_at or (

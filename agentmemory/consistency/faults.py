@@ -40,7 +40,11 @@ follows the primary), ``--faults db`` adds one more:
   PostgreSQL killed); Patroni promotes a standby, the crashed node is started again and streams
   from it (:mod:`~agentmemory.consistency.pg_failover`). With asynchronous replication the writes
   acknowledged in that half second are lost by the database: the checker reports them as
-  ``lost-by-database``, apart from anything the store or its cache did.
+  ``lost-by-database``, apart from anything the store or its cache did. The same on a MariaDB
+  primary with an asynchronous GTID replica behind a router on this machine
+  (:mod:`~agentmemory.consistency.mysql_pair`): the replica stops receiving for half a second,
+  the primary is killed, the replica promoted and the router pointed at it -- with no timeline
+  to show it, so reads may show what it lost until the tier's bound (two fence periods).
 
 On a cluster (``--database default,node2,node3``, MariaDB Galera nodes on this machine), two more:
 
@@ -80,7 +84,7 @@ from ..vendors import (
     server_connection_id,
     set_lock_wait,
 )
-from . import dumps
+from . import dumps, mysql_pair
 from .nodes import (
     LOOPBACK,
     NodeUnavailable,
@@ -151,6 +155,8 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
             check_local_cluster(database)
         except NodeUnavailable as exc:
             raise FaultsUnavailable(f"--faults {mode} on a PostgreSQL HA cluster: {exc}") from None
+        kinds = (*kinds, "db-failover")
+    elif mode in ("db", "all") and mysql_pair.pair_of(database) is not None:
         kinds = (*kinds, "db-failover")
     connection = connections[database]
     if any(k.startswith("db-") for k in kinds) and connection.vendor != "sqlite":
@@ -352,14 +358,31 @@ class Nemesis:
         return killed > 0
 
     def _db_failover(self) -> bool:
+        pair = mysql_pair.pair_of(self.database)
         try:
-            failover = fail_over(self.database, self._stop)
+            failover = self._promote(pair) if pair else fail_over(self.database, self._stop)
         finally:
             connections.close_all()  # this thread's went with the old primary
         if failover is None:  # stopped before the crash
             return False
         self.failovers.append(failover)
         return True
+
+    def _promote(self, pair: mysql_pair.Pair) -> Failover | None:
+        """The MariaDB pair's replica promoted without the primary's last writes
+        (:mod:`.mysql_pair`). No timeline moves: reads may show what it lost until the tier's
+        bound (two fence periods) has passed, as after a restore, and never after."""
+        done = mysql_pair.fail_over(pair, self._stop)
+        if done is None:
+            return None
+        _, promoted_at, positions = done
+        fence = self.cache.fence_seconds if self.cache is not None else 0.0
+        return Failover(
+            promoted_at,
+            promoted_at + 2 * fence + RESTORE_MARGIN_SECONDS,
+            positions,
+            kind="promotion",
+        )
 
     def _db_restore(self) -> bool:
         """A dump of the run's sessions (and the cache incarnation row), taken now and restored

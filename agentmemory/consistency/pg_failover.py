@@ -59,6 +59,9 @@ class Failover:
     #: ``"restore"`` for memcheck's ``db-restore`` (a dump of its sessions put back): only writes
     #: invoked after ``lost_after`` (the dump) and before ``crashed_at`` (the restore's end) can
     #: be lost, and reads until ``promoted_at`` (the tier's documented bound) may still show them.
+    #: ``"promotion"`` for a MariaDB replica promoted (:mod:`.mysql_pair`): the same, with every
+    #: write invoked before ``crashed_at`` (the promotion) lost if the replica lacked it, and
+    #: ``timelines`` the GTID positions of the old primary and the new.
     kind: str = "failover"
     lost_after: float = 0.0
 

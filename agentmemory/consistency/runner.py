@@ -456,8 +456,11 @@ def _run(
 def _wait_out_restores(failovers: Sequence[Failover]) -> None:
     """Quiescence comes after every fault has healed: a restore (``db-restore``) heals when the
     tier's bound has passed (two fence periods: until then reads, and the entries the final look
-    reads, may still show what it took back). Waits until the last restore's bound."""
-    healed = max((f.promoted_at for f in failovers if f.kind == "restore"), default=0.0)
+    reads, may still show what it took back), and so does a MariaDB replica's promotion (no
+    timeline moves). Waits until the last one's bound."""
+    healed = max(
+        (f.promoted_at for f in failovers if f.kind in ("restore", "promotion")), default=0.0
+    )
     wait = healed - clock.now().timestamp()
     if wait > 0:
         time.sleep(wait)
