@@ -2,7 +2,9 @@
 # The whole suite, on every backend: SQLite (embedded), MariaDB, PostgreSQL (Django's default
 # client-side binding, then with prepared statements), and a 3-node MariaDB
 # Galera cluster on this machine (scripts/cluster.sh; its own cross-node tests run there too), and a
-# PostgreSQL HA cluster under Patroni (scripts/pg-ha.sh; its switchover tests run there too).
+# PostgreSQL HA cluster under Patroni (scripts/pg-ha.sh; its switchover tests run there too), and
+# a MariaDB primary with an asynchronous replica behind a router (scripts/mariadb-pair.sh; its own
+# promotion tests only).
 # Installs what it needs (scripts/bootstrap.sh), starts the servers if they are down
 # (scripts/services.sh), then lints, checks migrations, and runs pytest once per backend.
 # A backend that cannot be reached fails the run; nothing is skipped.
@@ -36,8 +38,12 @@ declare -A URLS=(
   # A PostgreSQL HA cluster of two nodes under Patroni (scripts/pg-ha.sh): one alias over both
   # hosts that connects to the primary (target_session_attrs=read-write).
   [pg-ha]="$(bash scripts/pg-ha.sh url)"
+  # A MariaDB primary and its asynchronous GTID replica behind a router (scripts/mariadb-pair.sh):
+  # its own tests only (tests/test_mariadb_pair.py: a promotion that loses writes, memcheck's
+  # db-failover on it) -- the rest of the suite runs on the single MariaDB server above.
+  [mariadb-pair]="mysql://root@127.0.0.1:3320/agentmemory"
 )
-BACKENDS=${BACKENDS:-"sqlite mariadb postgres postgres-prepared galera pg-ha"}
+BACKENDS=${BACKENDS:-"sqlite mariadb postgres postgres-prepared galera pg-ha mariadb-pair"}
 status=0
 summary=()
 total_passed=0
@@ -54,6 +60,14 @@ for backend in $BACKENDS; do
     status=1; summary+=("pg-ha: FAILED: the local PostgreSQL HA cluster (scripts/pg-ha.sh) could not start")
     continue
   fi
+  if [ "$backend" = mariadb-pair ] && ! PY=$PY bash scripts/mariadb-pair.sh start; then
+    status=1; summary+=("mariadb-pair: FAILED: the local MariaDB primary and replica (scripts/mariadb-pair.sh) could not start")
+    continue
+  fi
+  args=("$@")
+  if [ "$backend" = mariadb-pair ] && [ $# -eq 0 ]; then
+    args=(tests/test_mariadb_pair.py)
+  fi
   echo "== pytest on $backend (${URLS[$backend]})"
   # No test database file of an earlier run (nor its journal or WAL) may meet a new one: this
   # run's own files only (CI runs another backend beside this one, OTHER_DATABASE_URL elsewhere).
@@ -67,7 +81,7 @@ for backend in $BACKENDS; do
   fi
   log=$(mktemp)
   # Redis database 15 is the suite's own: the cache tests clear it.
-  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 "$@" 2>&1 | tee "$log"
+  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 "${args[@]}" 2>&1 | tee "$log"
   code=${PIPESTATUS[0]}
   line=$(grep -E '^[=]* ?[0-9]+ (passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//')
   passed=$(grep -oE '[0-9]+ passed' <<<"$line" | cut -d' ' -f1); passed=${passed:-0}
