@@ -54,6 +54,7 @@ class Defect(StrEnum):
     DELETE_LEAVES_LATEST = "delete-leaves-checkpoint"
     UPSERT_SKIPS_HISTORY = "upsert-skips-history"
     RESTORE_UNSEEN = "restore-unseen"
+    ORM_UNSEEN = "orm-write-unseen"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -94,6 +95,8 @@ DESCRIPTIONS = {
     "inserts no history version when it overwrites a memory",
     Defect.RESTORE_UNSEEN: "the fence renewal does not check whether the database went back in "
     "time (a restore): the tier keeps what the database lost",
+    Defect.ORM_UNSEEN: "an ORM write of memories (a queryset delete() or update()) does not drop "
+    "the tier's entries of the rows it changed (cache.invalidate_on_commit)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every
@@ -111,6 +114,7 @@ CACHE_DEFECTS = frozenset(
         Defect.FRACTURED_READ,
         Defect.SERVER_ID_KEPT,
         Defect.RESTORE_UNSEEN,
+        Defect.ORM_UNSEEN,
     }
 )
 
@@ -207,6 +211,18 @@ def failpoint_session_setup() -> None:
     """Called when a new connection's session is set up, before the first setting."""
     if _fires("session_setup"):
         raise InjectedFailure("the session setup of a new connection failed (an injected failure)")
+
+
+def orm_writes_unseen() -> AbstractContextManager[None]:
+    """The :data:`Defect.ORM_UNSEEN` variant's seam, armed by memcheck's ``orm-bulk`` fault
+    around its ORM write when the run plants that defect: the next ORM write of memories on this
+    thread drops none of the tier's entries (an ORM write has no store to carry defects)."""
+    return _arming("orm_unseen")
+
+
+def failpoint_orm_write() -> bool:
+    """Called by the ORM's invalidation: whether to skip it (the planted defect)."""
+    return _fires("orm_unseen")
 
 
 _armed_in_process: set[str] = set()

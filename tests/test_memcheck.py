@@ -126,6 +126,7 @@ def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
             "cache-restart",
             "cache-failover",
             "foreign-entry",
+            "orm-bulk",
         }
         | ({"db-kill"} if vendor != "sqlite" else set())
         | ({"db-failover"} if ha else set())
@@ -156,7 +157,7 @@ def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, v
         )  # fmt: skip
         injected = report["faults"]["injected"]
         if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
-            cached = {"foreign-entry"} if settings.AGENTMEMORY.get("CACHE") else set()
+            cached = {"foreign-entry", "orm-bulk"} if settings.AGENTMEMORY.get("CACHE") else set()
             assert code == 0 and set(injected) == {"db-lock", *cached}, report["faults"]
             return
         assert injected.get("db-kill", 0) >= 1, report["faults"]

@@ -142,3 +142,31 @@ def test_forgetcache_without_a_tier_or_with_an_unknown_alias_exits_2(settings):
     with pytest.raises(CommandError, match="no cache tier") as info:
         call_command("forgetcache")
     assert info.value.returncode == 2
+
+
+# ---------------------------------------------------------------------- memcheck --faults orm
+def test_memcheck_orm_faults_find_nothing_wrong(tier):
+    """ORM deletes and updates of memories the tier holds, while the workload runs: every read
+    after one committed misses what it removed (check orm-bulk), and nothing else is found."""
+    from .test_memcheck import run_json
+
+    code, report = run_json("--faults", "orm", "--seconds", "3", "--workers", "4")
+    assert report["faults"]["injected"].get("orm-bulk", 0) >= 1, report["faults"]
+    assert code == 0, [(a["check"], a["message"]) for a in report["anomalies"][:5]]
+
+
+def test_the_self_test_catches_an_orm_write_that_leaves_the_tier_ahead(tier):
+    """The variant orm-write-unseen (the ORM's invalidation skipped, through its declared seam)
+    runs under the orm faults whatever the run's faults are, and check orm-bulk catches it."""
+    from agentmemory.consistency.selftest import run_self_test
+    from agentmemory.consistency.workloads import WorkloadConfig
+    from agentmemory.defects import Defect
+
+    result = run_self_test(
+        ["default"],
+        WorkloadConfig(workers=4, keys=4, ops=400, seconds=None, seed=7),
+        faults="lock",
+        defects=[Defect.ORM_UNSEEN],
+    )
+    variant = next(o for o in result.outcomes if o.name == Defect.ORM_UNSEEN.value)
+    assert variant.applicable and variant.caught.get("orm-bulk", 0) >= 1, variant

@@ -71,6 +71,8 @@ CHECKS = {
     "before it began that is newer than the oldest it shows",
     "checkpoint-delete": "after delete_thread, the thread holds no checkpoint",
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
+    "orm-bulk": "after an ORM write of memories commits (a queryset delete() or update() of a "
+    "served column), no read returns what it deleted or changed",
     "lost-by-database": "no acknowledged write is lost by the database itself (a failover to an "
     "asynchronous standby): such losses are reported apart, naming the failover, and the other "
     "checks judge the history the database kept",

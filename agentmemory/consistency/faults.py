@@ -33,6 +33,12 @@ on the project's own Redis: it touches only the run's throw-away keys.
   or a replica promoted before it received the newest writes, hands back. A tier that trusted
   it (one that skipped the server-identity check) serves a stale read.
 
+And with a cache tier, under ``--faults db``, ``all`` or ``orm``:
+
+* ``orm-bulk``: ORM writes of memories the tier holds -- a queryset ``delete()``, an ``update()``
+  that expires them -- on memories of the fault's own, read through the store right after they
+  commit: a read that returns what the ORM deleted or expired is an ``orm-bulk`` anomaly.
+
 On a PostgreSQL HA cluster under Patroni on this machine (one alias over several hosts, which
 follows the primary), ``--faults db`` adds one more:
 
@@ -67,13 +73,15 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 from django.db.models import F
 
-from .. import clock
+from .. import clock, defects
+from ..defects import Defect
 from ..models import Log, Memory
 from ..records import VALUE_OPS
 from ..vendors import (
@@ -85,6 +93,7 @@ from ..vendors import (
     set_lock_wait,
 )
 from . import dumps, mysql_pair
+from .checker import Anomaly
 from .nodes import (
     LOOPBACK,
     NodeUnavailable,
@@ -109,6 +118,9 @@ FAULTS = {
     # losses the database's own (lost-by-database). Apart from "db" and "all", whose runs must
     # lose nothing.
     "restore": ("db-restore",),
+    # ORM writes of memories the tier serves (orm-bulk): with a cache tier, "db" and "all" run it
+    # too; alone, for the self-test's variant that needs it.
+    "orm": (),
 }
 #: Seconds a paused node stays stopped, and the timeout memcheck's clients get on a cluster.
 # The pause stays under Galera's default evs.suspect_timeout (5 s): the node stalls the cluster
@@ -174,6 +186,8 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
         )
     if cache is not None and mode != "none":
         kinds = (*kinds, "foreign-entry")
+    if cache is not None and mode in ("db", "all", "orm"):
+        kinds = (*kinds, "orm-bulk")
     return kinds
 
 
@@ -195,8 +209,14 @@ class Nemesis:
         interval: float = 1.0,
         nodes: Iterable[str] = (),
         redis: Any = None,
+        defects: Iterable[Defect] = (),
     ) -> None:
         self.database, self.cache, self.sessions = database, cache, sessions
+        #: The run's planted defects (a self-test variant): orm-bulk arms ORM_UNSEEN's seam.
+        self.defects = frozenset(defects)
+        #: What a fault saw for itself (orm-bulk): anomalies, beside the checker's.
+        self.findings: list[Anomaly] = []
+        self._orm_runs = 0
         #: memcheck's own Redis (a SentinelGroup), which the cache faults act on.
         self.redis = redis
         #: The cluster's other aliases, whose servers the node faults take turns on.
@@ -467,6 +487,52 @@ class Nemesis:
             entry = f"{version}|{foreign}|{encode_payload(session_id, key, record)}"
             pipe.set(self.cache.entry_key(session_id, key), entry, px=60_000)
         pipe.execute()
+        return True
+
+    def _orm_bulk(self) -> bool:
+        """What a cleanup script, a data migration or a shell does: ORM writes of memories the
+        tier holds -- a queryset ``delete()``, or an ``update()`` that expires them -- on
+        memories of the fault's own (a session outside the workload's, so that its checks judge
+        only the store's calls), written and read through the store first (the tier holds
+        them), read again right after the ORM's transaction committed. A read that returns a
+        memory the ORM deleted or expired is an ``orm-bulk`` anomaly: the tier ahead of the
+        database."""
+        from ..store import MemoryStore
+
+        self._orm_runs += 1
+        session_id = f"memcheck-orm-{self.sessions[0]}-{self._orm_runs}"
+        store = MemoryStore(using=self.database, cache=self.cache.alias)
+        keys = [f"k{i}" for i in range(4)]
+        try:
+            for key in keys:
+                store.remember(session_id, key, {"orm": self._orm_runs})
+                store.recall(session_id, key)
+            how = self._rng.choice(["delete", "update"])
+            rows = Memory.objects.using(self.database).filter(session_id=session_id)
+            with (
+                defects.orm_writes_unseen() if Defect.ORM_UNSEEN in self.defects else nullcontext()
+            ):
+                if how == "delete":
+                    rows.delete()
+                else:
+                    rows.update(expires_at=clock.now())
+            for key in keys:
+                found = store.recall(session_id, key)
+                if found is not None:
+                    self.findings.append(
+                        Anomaly(
+                            "orm-bulk",
+                            session_id,
+                            key,
+                            f"after Memory.objects.filter(session_id=...).{how}"
+                            f"({'expires_at=now' if how == 'update' else ''}) committed, recall "
+                            f"returned v{found.version} (from {store.last_read_source}): the tier "
+                            "kept serving what the ORM changed",
+                            [],
+                        )
+                    )
+        finally:
+            store.erase_session(session_id)
         return True
 
     def _redis_primary(self) -> Any:

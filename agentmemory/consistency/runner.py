@@ -378,6 +378,7 @@ def _run(
                 seed=config.seed,
                 nodes=others,
                 redis=redis,
+                defects=defects,
             ) as nemesis:
                 if processes:
                     results = _run_processes(
@@ -423,7 +424,7 @@ def _run(
             looked_at=time.time(),
             failovers=list(failovers),
         )
-        anomalies = final.anomalies(history)
+        anomalies = final.anomalies(history) + nemesis.findings
     finally:
         if not keep:
             cleaner = MemoryStore(using=database)

@@ -55,7 +55,7 @@ REAL = "(the real store)"
 #: (a connection that reconnects to another server process).
 NEEDS_FAULTS = frozenset({Defect.NOT_RETRIED, Defect.SERVER_ID_KEPT})
 #: Variants that show only under a fault of their own, whatever the run's: a restore.
-OWN_FAULTS = {Defect.RESTORE_UNSEEN: "restore"}
+OWN_FAULTS = {Defect.RESTORE_UNSEEN: "restore", Defect.ORM_UNSEEN: "orm"}
 
 
 @dataclass

@@ -140,7 +140,9 @@ class Command(BaseCommand):
             "none elsewhere); db = that and kill connections server-side; cache = kill, pause, "
             "restart and fail over a Redis memcheck starts; all = db and cache; restore = put "
             "back a dump of the run's sessions a moment after taking it (what it loses is "
-            "reported as the database's own loss; reads may show it for two fence periods)",
+            "reported as the database's own loss; reads may show it for two fence periods); "
+            "orm = ORM deletes and updates of memories the cache tier holds (db and all run "
+            "them too, with a cache tier)",
         )
         parser.add_argument(
             "--workloads",
