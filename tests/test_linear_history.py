@@ -92,14 +92,35 @@ def test_failed_write_leaves_no_version(store):
     assert store.remember("s", "k", "b").version == 2
 
 
+def history_pages(
+    store, session_id: str, key: str, *, limit: int, versions: int
+) -> list[list[int]]:
+    """Every page of the history, newest first, each after the last version of the one before;
+    fails at once -- naming the page -- when a page holds a version not below its bound (the
+    next bound would not move: endless paging) or there are more pages than ``versions`` can
+    fill."""
+    pages: list[list[int]] = []
+    before = None
+    for _ in range(versions // limit + 2):
+        page = [
+            h.version for h in store.history(session_id, key, limit=limit, before_version=before)
+        ]
+        if not page:
+            return pages
+        assert before is None or max(page) < before, (
+            f"the page before v{before} holds {page}: a version not below its bound"
+        )
+        assert page == sorted(page, reverse=True) and len(set(page)) == len(page), page
+        pages.append(page)
+        before = page[-1]
+    raise AssertionError(f"more than {versions // limit + 1} pages of {limit}: {pages}")
+
+
 def test_history_pages_newest_first_by_version_and_covers_everything_once(store):
     for i in range(25):
         store.remember("s", "k", i)
     store.forget("s", "k")
-    pages, before = [], None
-    while page := store.history("s", "k", limit=10, before_version=before):
-        pages.append([h.version for h in page])
-        before = page[-1].version
+    pages = history_pages(store, "s", "k", limit=10, versions=26)
     assert pages == [list(range(26, 16, -1)), list(range(16, 6, -1)), list(range(6, 0, -1))]
     assert [h.version for h in store.history("s", "k")] == list(range(1, 27))  # unchanged
     first = store.history("s", "k", limit=1)[0]
