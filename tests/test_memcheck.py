@@ -427,3 +427,31 @@ def test_the_report_tells_errors_the_contract_allows_from_anomalies_and_counts_c
     assert "1 x MemoryUnavailable: gone" in allowed and "IntegrityError" not in allowed
     assert "1 x IntegrityError: UNIQUE" in refused and "caller-error" in text
     assert "info: no answer" in text
+
+
+def test_strict_makes_refusals_no_fault_explains_anomalies(settings):
+    """``--strict``: the real store under the lock fault refuses nothing. The declared seam, a
+    store that gives up at once (RETRY: one attempt, a 0.2 s deadline -- shorter than the held
+    lock), refuses calls: without --strict they are listed and the run passes (check refusal
+    off); with it each is a refusal anomaly, named, and the run fails."""
+    args = ("--faults", "lock", "--seconds", "3", "--workers", "6", "--workloads", "register")
+    code, report = run_json(*args, "--strict")
+    assert code == 0, report["anomalies"][:3]
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "RETRY": {"ATTEMPTS": 1, "DEADLINE": 0.2}}
+    code, report = run_json(*args)
+    assert code == 0 and any(c.startswith("MemoryUnavailable") for c in report["raised"]), report
+    code, report = run_json(*args, "--strict")
+    refused = [a for a in report["anomalies"] if a["check"] == "refusal"]
+    assert code == 1 and refused, report["raised"]
+    assert {a["check"] for a in report["anomalies"]} == {"refusal"}
+    assert "refused" in refused[0]["message"]
+
+
+@pytest.mark.parametrize("other", ["--audit", "--self-test", "--check=history.jsonl"])
+def test_strict_is_refused_where_no_run_is_judged(other):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="--strict judges a run") as refused:
+        run("--strict", other)
+    assert refused.value.returncode == 2

@@ -73,6 +73,8 @@ CHECKS = {
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
     "orm-bulk": "after an ORM write of memories commits (a queryset delete() or update() of a "
     "served column), no read returns what it deleted or changed",
+    "refusal": "with --strict: no call is refused (MemoryUnavailable, 'database is locked') "
+    "unless an injected fault explains it",
     "lost-by-database": "no acknowledged write is lost by the database itself (a failover to an "
     "asynchronous standby): such losses are reported apart, naming the failover, and the other "
     "checks judge the history the database kept",
@@ -357,6 +359,60 @@ def database_losses(
                 dataclasses.replace(op, status="info", error=f"{DATABASE_LOST}: {op.error}")
             )
     return anomalies, History(history.run_id, kept)
+
+
+#: The faults that explain a refused call (``MemoryUnavailable``): a connection killed past the
+#: retries, a failover, a restore, a node stopped. A held lock (``db-lock``) and the Redis
+#: faults do not: the store waits for a lock and serves from the database without Redis.
+EXCUSING_FAULTS = frozenset({"db-kill", "db-failover", "db-restore", "node-kill", "node-pause"})
+#: SQLite's writers queue behind BEGIN IMMEDIATE within their busy timeout: at most this share
+#: of a strict run's calls may be refused "database is locked" (a lock held by a fault longer
+#: than the timeout), whatever the faults.
+LOCKED_RATE = 0.001
+
+
+def refusals(history: History, vendor: str, injected: dict[str, int]) -> list[Anomaly]:
+    """``--strict``: the calls refused without an answer that a correct deployment under the
+    run's faults would have answered -- each a ``refusal`` anomaly naming the cause. SQLite's
+    "database is locked" beyond :data:`LOCKED_RATE` of the calls (writers that fail instead of
+    waiting: system check W001); ``MemoryUnavailable`` when no fault of
+    :data:`EXCUSING_FAULTS` was injected."""
+    calls = [op for op in history.operations if op.client != "final"]
+    refused = [
+        op
+        for op in calls
+        if op.status == "info" and (op.error or "").startswith("MemoryUnavailable")
+    ]
+    locked = [op for op in refused if "database is locked" in (op.error or "")]
+    locked_ids = {op.id for op in locked}
+    found = []
+    if vendor.lower() == "sqlite" and len(locked) > LOCKED_RATE * max(len(calls), 1):
+        share = f"{len(locked)} of {len(calls)} calls ({100 * len(locked) / len(calls):.2f} %)"
+        found += [
+            Anomaly(
+                "refusal",
+                op.session_id,
+                op.key,
+                f"refused 'database is locked': {share} -- SQLite writers failed instead of "
+                "queueing (system check agentmemory.W001: OPTIONS transaction_mode IMMEDIATE "
+                "and a timeout)",
+                [brief(op)],
+            )
+            for op in locked
+        ]
+    if not EXCUSING_FAULTS & {kind for kind, n in injected.items() if n}:
+        found += [
+            Anomaly(
+                "refusal",
+                op.session_id,
+                op.key,
+                f"refused with no injected fault that explains it: {op.error}",
+                [brief(op)],
+            )
+            for op in refused
+            if op.id not in locked_ids
+        ]
+    return found
 
 
 def _may_lose(op: Operation, failovers: list[Any]) -> bool:
@@ -762,4 +818,5 @@ __all__ = [
     "check_history",
     "database_losses",
     "duplicate_rows",
+    "refusals",
 ]

@@ -87,20 +87,27 @@ def render_text(result: RunResult) -> str:
             )
     raised = result.raised
     calls = sum(1 for op in result.history.operations if op.client != "final")
-    lines += checks_and_anomalies(result.anomalies, result.vendor, raised, calls)
+    lines += checks_and_anomalies(result.anomalies, result.vendor, raised, calls, result.strict)
     return "\n".join(lines)
 
 
 def checks_and_anomalies(
-    anomalies: list, vendor: str = "", raised: Counter[str] | None = None, calls: int = 0
+    anomalies: list,
+    vendor: str = "",
+    raised: Counter[str] | None = None,
+    calls: int = 0,
+    strict: bool = False,
 ) -> list[str]:
     """The checks' table, the counterexamples and the RESULT line of a run (or of a recorded run
-    checked again)."""
+    checked again). ``strict``: the run was judged with ``--strict`` (else check ``refusal`` is
+    off)."""
     raised = raised or Counter()
     found = Counter(a.check for a in anomalies)
     lines = ["", f"  {'check':<19} {'result':<8} what it proves"]
     for check, meaning in CHECKS.items():
         verdict = f"FAIL {found[check]}" if found[check] else "pass"
+        if check == "refusal" and not strict:
+            verdict = "off"
         lines.append(f"  {check:<19} {verdict:<8} {meaning}")
     allowed = Counter({c: n for c, n in raised.items() if allowed_without_answer(c)})
     not_allowed = Counter({c: n for c, n in raised.items() if not allowed_without_answer(c)})

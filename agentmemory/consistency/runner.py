@@ -64,6 +64,8 @@ class RunResult:
     cache_stats: dict[str, int] = field(default_factory=dict)
     faults: str = "none"
     faults_injected: dict[str, int] = field(default_factory=dict)
+    #: Judged with ``--strict``: refusals no injected fault explains are anomalies (``refusal``).
+    strict: bool = False
     #: Each fault injected: (kind, started, ended), POSIX seconds in the history's clock.
     fault_windows: list[tuple[str, float, float]] = field(default_factory=list)
     fault_errors: list[str] = field(default_factory=list)
@@ -133,6 +135,7 @@ class RunResult:
             "nodes": self.nodes,
             "retries": self.retries,
             "raised": dict(self.raised.most_common()),
+            "strict": self.strict,
             "cache": self.cache_stats,
             "faults": {
                 "mode": self.faults,

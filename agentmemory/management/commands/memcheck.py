@@ -18,6 +18,7 @@ from django.db.migrations.executor import MigrationExecutor
 from ...conf import get_config
 from ...consistency import recorded
 from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
+from ...consistency.checker import refusals
 from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
 from ...consistency.html import write_report, write_self_test_report
 from ...consistency.report import (
@@ -157,6 +158,13 @@ class Command(BaseCommand):
             help="use an unlocked read-then-write path (must find anomalies)",
         )
         parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="also count as anomalies (check refusal) the calls refused without an answer "
+            "that a correct deployment would have answered: MemoryUnavailable with no injected "
+            "fault that explains it, SQLite's 'database is locked' beyond 0.1%% of the calls",
+        )
+        parser.add_argument(
             "--audit", action="store_true", help="only check the data already stored, read-only"
         )
         parser.add_argument(
@@ -227,6 +235,11 @@ class Command(BaseCommand):
             _prepare_report_folder(options["report"], options["force"])
         elif options["force"]:
             raise CommandError("--force applies to --report DIR only", returncode=2)
+        if options["strict"] and (options["check"] or options["audit"] or options["self_test"]):
+            raise CommandError(
+                "--strict judges a run's refused calls: not with --check, --audit or --self-test",
+                returncode=2,
+            )
         if options["junit"]:
             _check_writable(options["junit"], "junit")
         if options["check"]:
@@ -377,6 +390,11 @@ class Command(BaseCommand):
             raise CommandError(
                 f"memcheck could not start its clients: {exc} (fewer --workers?)", returncode=2
             ) from exc
+        if options["strict"]:
+            result.strict = True
+            result.anomalies += refusals(
+                result.history, connections[aliases[0]].vendor, result.faults_injected
+            )
         if options["history"]:
             try:
                 recorded.save(options["history"], result.history, result.final)
