@@ -55,6 +55,7 @@ class Defect(StrEnum):
     UPSERT_SKIPS_HISTORY = "upsert-skips-history"
     RESTORE_UNSEEN = "restore-unseen"
     ORM_UNSEEN = "orm-write-unseen"
+    VERSION_READ_IGNORES_EXPIRY = "version-read-ignores-expiry"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -97,6 +98,8 @@ DESCRIPTIONS = {
     "time (a restore): the tier keeps what the database lost",
     Defect.ORM_UNSEEN: "an ORM write of memories (a queryset delete() or update()) does not drop "
     "the tier's entries of the rows it changed (cache.invalidate_on_commit)",
+    Defect.VERSION_READ_IGNORES_EXPIRY: "recall(version=N) returns version N after its own "
+    "expiry (reads.version)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every

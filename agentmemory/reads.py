@@ -216,7 +216,8 @@ class ReadPath:
                 self._check_not_pruned(session_id, key, version)
                 return None
             value, created, expires, memory_created = found
-            if not is_live(MemoryState.LIVE, expires, clock.now()):
+            planted = Defect.VERSION_READ_IGNORES_EXPIRY in self.defects
+            if not is_live(MemoryState.LIVE, expires, clock.now()) and not planted:
                 return None
             return MemoryRecord(
                 session_id, key, value, version, min(memory_created, created), created, expires

@@ -202,6 +202,15 @@ CASES = {
         [write("w1", 0, 1, 1, ttl=4.0, expires_at=4.0), read("r", 5, 6, 1, "w1")],
         stored("w1", created=[0.0], expires=[4.0]),
     ),
+    "past-version-read": (
+        # v1 expired at 4; a read of v1 by number began at 5 and returned it.
+        [
+            write("w1", 0, 1, 1, ttl=4.0, expires_at=4.0),
+            write("w2", 1, 2, 2),
+            op("r", "version-read", 5, 6, version=1, expected_version=1, result=w("w1")),
+        ],
+        stored("w1", "w2", created=[0.0, 1.5], expires=[4.0, None]),
+    ),
     "ttl-stored": (
         # Written without a TTL, stored with one (kept from the version before, say).
         [write("w1", 0, 1, 1, expires_at=9.0)],
@@ -739,3 +748,22 @@ def test_a_retry_whose_first_call_the_restore_took_back_writes_again_and_is_no_p
     ]
     state = {(S, K): stored("w1", "t")}
     assert set(checks_across(ops, state, [RESTORE])) == {"lost-by-database"}
+
+
+def test_a_past_version_read_is_judged_against_that_version():
+    """Asked for v1: v1 with its own value while it is live passes; another version, another
+    value, or v1 once expired does not."""
+    history = [
+        write("w1", 0, 1, 1, ttl=4.0, expires_at=4.0),
+        write("w2", 1, 2, 2),
+    ]
+    state = {(S, K): stored("w1", "w2", created=[0.0, 1.5], expires=[4.0, None])}
+
+    def judged(read_op):
+        return found([*history, read_op], state)["past-version-read"]
+
+    assert judged(op("r", "version-read", 2, 3, version=1, expected_version=1, result=w("w1"))) == 0
+    assert judged(op("r", "version-read", 5, 6, version=None, expected_version=1)) == 0  # None
+    assert judged(op("r", "version-read", 2, 3, version=2, expected_version=1, result=w("w2"))) == 1
+    assert judged(op("r", "version-read", 2, 3, version=1, expected_version=1, result=w("w2"))) == 1
+    assert judged(op("r", "version-read", 5, 6, version=1, expected_version=1, result=w("w1"))) == 1

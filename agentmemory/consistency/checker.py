@@ -45,6 +45,8 @@ CHECKS = {
     "non-monotonic-read": "a client's reads of a key never go back to an older version",
     "cross-session-read": "no read returns another session's or key's value",
     "expired-read": "no read returns a version whose stored expiry had passed when the read began",
+    "past-version-read": "a read of a past version (recall(version=N)) returns version N with "
+    "the value it was written with, never one whose expiry had passed when the read began",
     "ttl-stored": "every version's expiry is its write's time plus the TTL asked for (none if none)",
     "expiry-mismatch": "every read and write reports the expiry its version was stored with",
     "prefix-read": "recall_many(prefix=) returns only keys that start with the prefix, exactly",
@@ -338,7 +340,7 @@ def database_losses(
         pair = (op.session_id, op.key)
         if op.id in lost:
             return True
-        if op.kind == "recall" and (op.completed_at or op.invoked_at) <= promoted:
+        if op.kind in ("recall", "version-read") and (op.completed_at or op.invoked_at) <= promoted:
             return pair in lost_since and (op.completed_at or op.invoked_at) >= lost_since[pair]
         error = op.error or ""
         if error.startswith("IdempotencyBroken"):
@@ -566,6 +568,8 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
             report("prefix-read", f"recall_many(prefix={op.prefix!r}) returned {op.key!r}", op)
         if op.query is not None and op.status == "ok" and op.version is not None:
             _check_score(op, report)
+        if op.kind == "version-read" and op.status == "ok" and op.version is not None:
+            _check_version_read(op, by_version, stored.kept_from, report)
 
     # Writes: each acknowledged one is exactly one version, holding its value.
     acked_at: dict[int, list[Operation]] = defaultdict(list)
@@ -770,6 +774,36 @@ def _check_reads(
                 f"read returned v{op.version}, expired {op.invoked_at - min(expired):.3f}s before the read began",
                 op,
             )
+
+
+def _check_version_read(
+    op: Operation, by_version: dict[int, StoredVersion], kept_from: int, report: Any
+) -> None:
+    """A read of version N (``recall(version=N)``) that returned something: version N, as the
+    history holds it, not expired when the read began."""
+    asked = op.expected_version
+    if op.version != asked:
+        report("past-version-read", f"asked for v{asked}, returned v{op.version}", op)
+        return
+    stored = by_version.get(op.version)
+    if stored is None:
+        if op.version >= kept_from:  # below it: pruned since, nothing to compare with
+            report("past-version-read", f"returned v{op.version}, which the history lacks", op)
+        return
+    if stored.op not in VALUE_OPS or token_of(stored.value) != token_of(op.result):
+        report(
+            "past-version-read",
+            f"returned v{op.version} holding {token_of(op.result)}; the history's "
+            f"v{op.version} is a {stored.op} of {token_of(stored.value)}",
+            op,
+        )
+    elif stored.expires_at is not None and stored.expires_at <= op.invoked_at:
+        report(
+            "past-version-read",
+            f"returned v{op.version}, expired {op.invoked_at - stored.expires_at:.3f}s before "
+            "the read began",
+            op,
+        )
 
 
 def _check_monotonic(ops: list[Operation], report: Any) -> None:

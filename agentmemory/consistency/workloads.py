@@ -52,7 +52,13 @@ from django.db import DatabaseError, connections, transaction
 from .. import clock
 from ..conf import get_config
 from ..defects import InjectedFailure, fail_after_first_key
-from ..errors import CheckpointConflict, InvalidMemory, MemoryUnavailable, VersionConflict
+from ..errors import (
+    CheckpointConflict,
+    InvalidMemory,
+    MemoryUnavailable,
+    VersionConflict,
+    VersionPruned,
+)
 from ..store import MemoryStore
 from ..vendors import Transient, classify
 from . import checkpoints, logs, semantic
@@ -277,6 +283,8 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
             if roll < 0.85
             else "forget"
         )
+    if family == "ttl" and 0.25 <= roll < 0.4:
+        return "version-read"  # a past version, most of them expired (150 ms TTLs)
     if roll < 0.4:
         return "recall"
     if family == "list":
@@ -370,7 +378,7 @@ def _one_op(
 ) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key}
     op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
-    if kind != "recall" and kind != "forget":
+    if kind not in ("recall", "forget", "version-read"):
         op.value = token
         op.ttl = config.ttl if kind == "ttl-write" else _default_ttl()
     call: Callable[[], Any]
@@ -380,6 +388,21 @@ def _one_op(
             found = store.recall(session_id, key)
             op.source = store.last_read_source
             return found
+
+    elif kind == "version-read":
+
+        def call() -> Any:
+            # The oldest of the three newest versions (past, and most of them expired): asked
+            # for by number, it must hold the value it was written with, or be None once its
+            # own expiry passed.
+            page = store.history(session_id, key, limit=3)
+            if not page:
+                return None
+            op.expected_version = page[-1].version
+            try:
+                return store.recall(session_id, key, version=op.expected_version)
+            except VersionPruned:  # retention removed it meanwhile: nothing to judge
+                return None
 
     elif kind == "append":
         call = lambda: store.update(
