@@ -56,6 +56,7 @@ class Defect(StrEnum):
     RESTORE_UNSEEN = "restore-unseen"
     ORM_UNSEEN = "orm-write-unseen"
     VERSION_READ_IGNORES_EXPIRY = "version-read-ignores-expiry"
+    HISTORY_PAGE_REPEATS = "history-page-repeats-bound"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -100,6 +101,8 @@ DESCRIPTIONS = {
     "the tier's entries of the rows it changed (cache.invalidate_on_commit)",
     Defect.VERSION_READ_IGNORES_EXPIRY: "recall(version=N) returns version N after its own "
     "expiry (reads.version)",
+    Defect.HISTORY_PAGE_REPEATS: "history(before_version=N) includes version N: the next page "
+    "repeats the last version of the one before (reads.history)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every

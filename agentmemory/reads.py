@@ -280,6 +280,8 @@ class ReadPath:
                 # A before_version past the newest means "from the newest" (read under the
                 # same statement's snapshot as the row: a version written since is not in it).
                 below = min(before_version, current + 1)
+                if Defect.HISTORY_PAGE_REPEATS in self.defects:
+                    below += 1  # the planted bug: the bound itself on the page
                 page = page.filter(version__lt=below, version__gte=below - limit)
             ordered = page.order_by("-version").values_list(*fields)[:limit]
             return [MemoryVersionRecord(*row) for row in ordered]

@@ -202,6 +202,22 @@ CASES = {
         [write("w1", 0, 1, 1, ttl=4.0, expires_at=4.0), read("r", 5, 6, 1, "w1")],
         stored("w1", created=[0.0], expires=[4.0]),
     ),
+    "history-page": (
+        # Pages of two: v3, v2, then v2 again (a page that repeats its bound), v1.
+        [
+            write("w1", 0, 1, 1),
+            write("w2", 1, 2, 2),
+            write("w3", 2, 3, 3),
+            op(
+                "h",
+                "history-read",
+                4,
+                5,
+                result=[[3, "w3"], [2, "w2"], [2, "w2"], [1, "w1"]],
+            ),
+        ],
+        stored("w1", "w2", "w3"),
+    ),
     "past-version-read": (
         # v1 expired at 4; a read of v1 by number began at 5 and returned it.
         [
@@ -767,3 +783,17 @@ def test_a_past_version_read_is_judged_against_that_version():
     assert judged(op("r", "version-read", 2, 3, version=2, expected_version=1, result=w("w2"))) == 1
     assert judged(op("r", "version-read", 2, 3, version=1, expected_version=1, result=w("w2"))) == 1
     assert judged(op("r", "version-read", 5, 6, version=1, expected_version=1, result=w("w1"))) == 1
+
+
+def test_a_paged_history_read_is_judged_against_the_history():
+    history = [write("w1", 0, 1, 1), write("w2", 1, 2, 2), write("w3", 2, 3, 3)]
+    state = {(S, K): stored("w1", "w2", "w3")}
+
+    def judged(pages):
+        return found([*history, op("h", "history-read", 4, 5, result=pages)], state)["history-page"]
+
+    assert judged([[3, "w3"], [2, "w2"], [1, "w1"]]) == 0
+    assert judged([[2, "w2"], [1, "w1"]]) == 0  # read before v3 was written
+    assert judged([[3, "w3"], [1, "w1"]]) == 1  # a gap
+    assert judged([[3, "w3"], [2, "w2"], [2, "w2"]]) == 1  # the bound repeated
+    assert judged([[3, "w3"], [2, "w1"]]) == 1  # another version's value

@@ -45,6 +45,8 @@ CHECKS = {
     "non-monotonic-read": "a client's reads of a key never go back to an older version",
     "cross-session-read": "no read returns another session's or key's value",
     "expired-read": "no read returns a version whose stored expiry had passed when the read began",
+    "history-page": "a history read page after page (history(limit=, before_version=)) holds "
+    "each version once, newest first with no gap, each as the history holds it",
     "past-version-read": "a read of a past version (recall(version=N)) returns version N with "
     "the value it was written with, never one whose expiry had passed when the read began",
     "ttl-stored": "every version's expiry is its write's time plus the TTL asked for (none if none)",
@@ -570,6 +572,8 @@ def _check_key(session_id: str, key: str, ops: list[Operation], stored: StoredKe
             _check_score(op, report)
         if op.kind == "version-read" and op.status == "ok" and op.version is not None:
             _check_version_read(op, by_version, stored.kept_from, report)
+        if op.kind == "history-read" and op.status == "ok" and op.result:
+            _check_history_pages(op, by_version, stored.kept_from, report)
 
     # Writes: each acknowledged one is exactly one version, holding its value.
     acked_at: dict[int, list[Operation]] = defaultdict(list)
@@ -804,6 +808,28 @@ def _check_version_read(
             "the read began",
             op,
         )
+
+
+def _check_history_pages(
+    op: Operation, by_version: dict[int, StoredVersion], kept_from: int, report: Any
+) -> None:
+    """The versions a paged history read returned: each one below the one before it by exactly
+    one (no repeat: a page that repeats its bound; no gap), each as the history holds it."""
+    read = [(int(version), what) for version, what in op.result]
+    for (newer, _), (older, _) in itertools.pairwise(read):
+        if older != newer - 1:
+            why = "again" if older == newer else "after" if older > newer else "with a gap after"
+            report("history-page", f"v{older} came {why} v{newer}: {[v for v, _ in read]}", op)
+            return
+    for version, what in read:
+        stored = by_version.get(version)
+        if stored is None:
+            if version >= kept_from:
+                report("history-page", f"returned v{version}, which the history lacks", op)
+            continue
+        held = token_of(stored.value) if stored.op in VALUE_OPS else stored.op
+        if held != what:
+            report("history-page", f"returned v{version} as {what}; the history holds {held}", op)
 
 
 def _check_monotonic(ops: list[Operation], report: Any) -> None:

@@ -59,11 +59,12 @@ from ..errors import (
     VersionConflict,
     VersionPruned,
 )
+from ..records import VALUE_OPS
 from ..store import MemoryStore
 from ..vendors import Transient, classify
 from . import checkpoints, logs, semantic
 from .faults import WORKER_THREAD_PREFIX
-from .history import IN_TRANSACTION, History, Operation
+from .history import IN_TRANSACTION, History, Operation, token_of
 
 SESSION_SUFFIXES = ("a", "a%", "a_")
 WORKLOADS = (
@@ -92,6 +93,9 @@ FAMILIES = {
     "log": ("log", 3),
     "checkpoint": ("cp", 3),
 }
+#: The register workload's history reads: pages of this many versions, at most this many pages.
+HISTORY_PAGE_SIZE = 5
+HISTORY_PAGES = 4
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
 
@@ -251,7 +255,7 @@ def _client(
 
 
 def _register_kinds(config: WorkloadConfig) -> tuple[list[str], list[float]]:
-    chosen = [("recall", 40), ("remember", 25), ("cas", 15), ("forget", 5)]
+    chosen = [("recall", 40), ("remember", 25), ("cas", 15), ("forget", 5), ("history-read", 4)]
     optional = {
         "idempotent": ("retry", 8),
         "transactions": ("txn", 6),
@@ -378,7 +382,7 @@ def _one_op(
 ) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key}
     op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
-    if kind not in ("recall", "forget", "version-read"):
+    if kind not in ("recall", "forget", "version-read", "history-read"):
         op.value = token
         op.ttl = config.ttl if kind == "ttl-write" else _default_ttl()
     call: Callable[[], Any]
@@ -403,6 +407,26 @@ def _one_op(
                 return store.recall(session_id, key, version=op.expected_version)
             except VersionPruned:  # retention removed it meanwhile: nothing to judge
                 return None
+
+    elif kind == "history-read":
+
+        def call() -> Any:
+            # Newest first, page after page (each after the last version of the one before),
+            # while writers add versions: at most HISTORY_PAGES pages, so that a page repeating
+            # its bound is a finding, not an endless loop. [(version, token or op), ...]
+            read: list[tuple[int, Any]] = []
+            before = None
+            for _ in range(HISTORY_PAGES):
+                page = store.history(
+                    session_id, key, limit=HISTORY_PAGE_SIZE, before_version=before
+                )
+                read += [
+                    (h.version, token_of(h.value) if h.op in VALUE_OPS else h.op) for h in page
+                ]
+                if len(page) < HISTORY_PAGE_SIZE:
+                    break
+                before = page[-1].version
+            return read
 
     elif kind == "append":
         call = lambda: store.update(
@@ -499,6 +523,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
             "many-read",
             "prefix-read",
             "search",
+            "history-read",
             *logs.KINDS,
             *checkpoints.KINDS,
         ):
