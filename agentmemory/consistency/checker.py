@@ -263,6 +263,10 @@ def check_history(
     return anomalies
 
 
+#: The reads that may return what a failover or a restore took back, until its promotion.
+READS_OF_LOST = frozenset({"recall", "version-read", "history-read"})
+
+
 def database_losses(
     history: History, state: dict[tuple[str, str], StoredKey], failovers: list[Any]
 ) -> tuple[list[Anomaly], History]:
@@ -342,7 +346,7 @@ def database_losses(
         pair = (op.session_id, op.key)
         if op.id in lost:
             return True
-        if op.kind in ("recall", "version-read") and (op.completed_at or op.invoked_at) <= promoted:
+        if op.kind in READS_OF_LOST and (op.completed_at or op.invoked_at) <= promoted:
             return pair in lost_since and (op.completed_at or op.invoked_at) >= lost_since[pair]
         error = op.error or ""
         if error.startswith("IdempotencyBroken"):
