@@ -52,15 +52,28 @@ for backend in $BACKENDS; do
   if [ -z "${URLS[$backend]:-}" ]; then
     echo "unknown backend $backend (known: ${!URLS[*]})"; status=1; summary+=("$backend: unknown"); continue
   fi
-  if [ "$backend" = galera ] && ! bash scripts/cluster.sh start; then
+  # A cluster is one per machine (its ports, its data directory): two runs of the suite on one
+  # machine (a developer's beside a CI rehearsal) take turns on it instead of failing each other
+  # over. The lock is released when this backend's run ends (fd 9 is closed in what it starts:
+  # a server started with it open would hold the lock as long as it runs).
+  case $backend in
+    galera | pg-ha | mariadb-pair)
+      exec 9>"/tmp/agentmemory-$backend.lock"
+      if ! flock -n 9; then
+        echo "== $backend: another run of the suite on this machine uses it; waiting"
+        flock 9
+      fi
+      ;;
+  esac
+  if [ "$backend" = galera ] && ! bash scripts/cluster.sh start 9>&-; then
     status=1; summary+=("galera: FAILED: the local Galera cluster (scripts/cluster.sh) could not start")
     continue
   fi
-  if [ "$backend" = pg-ha ] && ! bash scripts/pg-ha.sh start; then
+  if [ "$backend" = pg-ha ] && ! bash scripts/pg-ha.sh start 9>&-; then
     status=1; summary+=("pg-ha: FAILED: the local PostgreSQL HA cluster (scripts/pg-ha.sh) could not start")
     continue
   fi
-  if [ "$backend" = mariadb-pair ] && ! PY=$PY bash scripts/mariadb-pair.sh start; then
+  if [ "$backend" = mariadb-pair ] && ! PY=$PY bash scripts/mariadb-pair.sh start 9>&-; then
     status=1; summary+=("mariadb-pair: FAILED: the local MariaDB primary and replica (scripts/mariadb-pair.sh) could not start")
     continue
   fi
@@ -81,7 +94,7 @@ for backend in $BACKENDS; do
   fi
   log=$(mktemp)
   # Redis database 15 is the suite's own: the cache tests clear it.
-  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 "${args[@]}" 2>&1 | tee "$log"
+  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 "${args[@]}" 9>&- 2>&1 | tee "$log"
   code=${PIPESTATUS[0]}
   line=$(grep -E '^[=]* ?[0-9]+ (passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//')
   passed=$(grep -oE '[0-9]+ passed' <<<"$line" | cut -d' ' -f1); passed=${passed:-0}
@@ -93,6 +106,7 @@ for backend in $BACKENDS; do
     summary+=("$backend: $line")
   fi
   rm -f "$log"
+  exec 9>&-  # the cluster's lock, if this backend took one
 done
 
 echo
