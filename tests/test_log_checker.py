@@ -209,3 +209,92 @@ def test_after_a_failover_a_lost_pop_is_the_databases_and_its_item_may_be_popped
     stored = log("a1.0", popped={1: (2, "p2")})
     assert found(ops, stored, [failover]) == Counter({"lost-by-database": 1})
     assert found(ops, stored) == Counter({"log-pop": 2})  # without the failover: a double pop
+
+
+# The SDK session's calls (memcheck's sdk-session workload): no idempotency key, no item numbers
+# in what they return -- the checks find the numbers by token and tie a pop to its event.
+
+
+def sdk(id_, kind, t0, t1, *, result=None, value=None, **kw):
+    o = op(id_, kind, t0, t1, result=result, value=value, **kw)
+    o.idempotency_key = None
+    return o
+
+
+def sdk_add(id_, t0, t1, n=1, **kw):
+    return sdk(id_, "sdk-add", t0, t1, value=[item(f"{id_}.{i}") for i in range(n)], **kw)
+
+
+def sdk_log(*tokens, popped=None, cleared=()):
+    """As ``log``, the events made by calls without a key of the workload's (request ids
+    ``r:…``, as the store gives them)."""
+    stored = log(*tokens, popped=popped, cleared=cleared)
+    stored.events = {
+        version: (kind, first, last, count, "r:" + request[2:])
+        for version, (kind, first, last, count, request) in stored.events.items()
+    }
+    return stored
+
+
+def sdk_coherent():
+    ops = [
+        sdk_add("a1", 0, 1),
+        sdk_add("a2", 2, 3, n=2),
+        sdk("g1", "sdk-get", 4, 5, result=[[0, "a1.0"], [0, "a2.0"], [0, "a2.1"]]),
+        sdk("p1", "sdk-pop", 6, 7, result=[0, "a2.1"]),
+        sdk("g2", "sdk-get", 8, 9, result=[[0, "a1.0"], [0, "a2.0"]], client="c-g1"),
+        sdk("g3", "sdk-get", 8, 9, result=[[0, "a2.0"]], expected_version=1),
+        sdk("c1", "sdk-clear", 10, 11),
+        sdk("g4", "sdk-get", 12, 13, result=[], client="c-g1"),
+        sdk("p2", "sdk-pop", 14, 15, result=None),
+    ]
+    stored = sdk_log("a1.0", "a2.0", "a2.1", popped={3: (3, "p1")}, cleared=[(1, 2, 4, "c1")])
+    return ops, stored
+
+
+def test_a_coherent_sdk_session_history_passes():
+    assert found(*sdk_coherent()) == Counter()
+
+
+def test_an_sdk_pop_that_keeps_its_item_is_flagged():
+    """The self-test's sdk-pop-keeps-item: pop_item returns the latest item, removes nothing."""
+    ops = [sdk_add("a1", 0, 1), sdk("p1", "sdk-pop", 2, 3, result=[0, "a1.0"])]
+    flagged = check_logs(ops, {(S, L): sdk_log("a1.0")})
+    assert [(a.check, a.message) for a in flagged] == [
+        ("log-pop", "pop returned #1, which is still live")
+    ]
+
+
+def test_two_sdk_pops_of_one_item_are_flagged():
+    ops = [
+        sdk_add("a1", 0, 1),
+        sdk("p1", "sdk-pop", 2, 4, result=[0, "a1.0"]),
+        sdk("p2", "sdk-pop", 3, 5, result=[0, "a1.0"]),
+    ]
+    assert found(ops, sdk_log("a1.0", popped={1: (2, "p1")}))["log-pop"] >= 1
+
+
+@pytest.mark.parametrize(
+    "ops, stored",
+    [
+        # an acknowledged add_items that is not stored
+        ([sdk_add("a1", 0, 1, n=2)], sdk_log("a1.0")),
+        # stored out of its order
+        ([sdk_add("a1", 0, 1, n=2)], sdk_log("a1.1", "a1.0")),
+    ],
+)
+def test_an_sdk_add_lost_or_reordered_is_flagged(ops, stored):
+    assert found(ops, stored)["log-append"] >= 1
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        [[0, "a1.0"]],  # leaves out a2.0, acknowledged before the read began
+        [[0, "a2.0"], [0, "a1.0"]],  # out of order
+        [[0, "nobody.0"], [0, "a1.0"], [0, "a2.0"]],  # an item nobody stored
+    ],
+)
+def test_an_sdk_get_that_misses_reorders_or_invents_is_flagged(result):
+    ops = [sdk_add("a1", 0, 1), sdk_add("a2", 2, 3), sdk("g", "sdk-get", 4, 5, result=result)]
+    assert found(ops, sdk_log("a1.0", "a2.0"))["log-read"] >= 1
