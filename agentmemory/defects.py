@@ -57,8 +57,6 @@ class Defect(StrEnum):
     ORM_UNSEEN = "orm-write-unseen"
     VERSION_READ_IGNORES_EXPIRY = "version-read-ignores-expiry"
     HISTORY_PAGE_REPEATS = "history-page-repeats-bound"
-    SDK_POP_KEEPS_ITEM = "sdk-pop-keeps-item"
-    SEARCH_KEEPS_FIRST_SCORES = "search-keeps-first-scores"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -105,11 +103,6 @@ DESCRIPTIONS = {
     "expiry (reads.version)",
     Defect.HISTORY_PAGE_REPEATS: "history(before_version=N) includes version N: the next page "
     "repeats the last version of the one before (reads.history)",
-    Defect.SEARCH_KEEPS_FIRST_SCORES: "search returns each memory as its second read found it, "
-    "scored as its first read ranked it (search.py: a memory rewritten between them is paired "
-    "with the other version's score)",
-    Defect.SDK_POP_KEEPS_ITEM: "the OpenAI Agents SDK session's pop_item returns the latest item "
-    "without removing it (integrations.openai_agents)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every
@@ -151,9 +144,6 @@ LOG_DEFECTS = frozenset(
         Defect.READ_SHOWS_POPPED,
     }
 )
-
-#: Defects of the OpenAI Agents SDK session: only the SDK session workload can show them.
-SDK_DEFECTS = frozenset({Defect.SDK_POP_KEEPS_ITEM})
 
 #: With FILL_WITHOUT_LEASE: seconds between a reader's database read and its fill (a slow reader:
 #: a GC pause, a busy event loop).

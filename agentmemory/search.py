@@ -212,9 +212,6 @@ class SearchEngine:
             # The vectors read in the same statement as the value (a few rows: no cache).
             vectors = [unpack(row[3], self.index.tag) for row in rows]
             scores = self.index.scores(wanted, vectors) if rows else []
-            if Defect.SEARCH_KEEPS_FIRST_SCORES in self.defects:  # memcheck's self-test only
-                listed_scores = {int(ids[at]): first[at] for at in ranked[start : start + chunk]}
-                scores = [listed_scores[row[0]] for row in rows]
             for row, score in zip(rows, scores, strict=True):
                 if np.isnan(score):
                     continue  # rewritten under another configuration meanwhile

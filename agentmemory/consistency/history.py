@@ -16,10 +16,7 @@ WRITE_KINDS = frozenset(
 )
 READ_KINDS = frozenset({"recall"})
 #: The log workload's kinds (:mod:`agentmemory.consistency.logs`): judged by the log checks only.
-#: The SDK session workload's kinds are log kinds: its calls are the log calls they make, judged by
-#: the log checks (with the numbers the items were stored at, which the SDK does not return).
-SDK_KINDS = frozenset({"sdk-add", "sdk-pop", "sdk-clear", "sdk-get"})
-LOG_KINDS = frozenset({"log-append", "log-retry", "log-pop", "log-clear", "log-read"}) | SDK_KINDS
+LOG_KINDS = frozenset({"log-append", "log-retry", "log-pop", "log-clear", "log-read"})
 #: The checkpoint workload's kinds (:mod:`agentmemory.consistency.checkpoints`): judged by the
 #: checkpoint checks only.
 CHECKPOINT_KINDS = frozenset({"cp-put", "cp-fork", "cp-writes", "cp-read", "cp-list", "cp-delete"})

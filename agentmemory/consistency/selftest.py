@@ -19,14 +19,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
-from ..defects import (
-    CACHE_DEFECTS,
-    CHECKPOINT_DEFECTS,
-    DESCRIPTIONS,
-    LOG_DEFECTS,
-    SDK_DEFECTS,
-    Defect,
-)
+from ..defects import CACHE_DEFECTS, CHECKPOINT_DEFECTS, DESCRIPTIONS, LOG_DEFECTS, Defect
 from .checker import DATABASE_OWN
 from .runner import RunResult, make_store, run_memcheck
 from .workloads import WorkloadConfig
@@ -83,18 +76,10 @@ def not_applicable(
     defect: Defect, *, cache: str | None, vendor: str, faults: str, workloads: Sequence[str] = ()
 ) -> str:
     """Why ``defect`` cannot show on this configuration ('' when it can)."""
-    if (
-        defect
-        in (Defect.STALE_VECTOR, Defect.SEARCH_IGNORES_EXPIRY, Defect.SEARCH_KEEPS_FIRST_SCORES)
-        and "search" not in workloads
-    ):
+    if defect in (Defect.STALE_VECTOR, Defect.SEARCH_IGNORES_EXPIRY) and "search" not in workloads:
         return "the search workload does not run (numpy is not installed, or --workloads)"
     if defect in LOG_DEFECTS and "log" not in workloads:
         return "the log workload does not run (--workloads)"
-    if defect in SDK_DEFECTS and "sdk-session" not in workloads:
-        return (
-            "the sdk-session workload does not run (openai-agents is not installed, or --workloads)"
-        )
     if defect in CHECKPOINT_DEFECTS and "checkpoint" not in workloads:
         return "the checkpoint workload does not run (--workloads)"
     if defect in CACHE_DEFECTS and cache is None:

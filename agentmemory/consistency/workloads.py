@@ -1,7 +1,6 @@
 """Concurrent workloads that record a :class:`History` while they hammer a few hot keys.
 
-Thirteen workloads, all on by default (``WorkloadConfig.workloads``) where what they call is
-installed:
+Eleven workloads, all on by default (``WorkloadConfig.workloads``):
 
 - ``register``: keys ``reg-N`` -- remember, compare-and-set, forget, recall;
 - ``list``: keys ``list-N`` -- appends through ``update(fn)``; every read reveals the whole order;
@@ -25,11 +24,7 @@ installed:
   retried with their idempotency key), pops, clears and reads (:mod:`.logs`);
 - ``checkpoint``: LangGraph checkpoint chains ``<session>:cp-N`` -- steps that extend the latest
   checkpoint, forks from an older one, pending writes (some saved twice), reads, listings, and
-  ``delete_thread`` of a thread of the client's own (:mod:`.checkpoints`);
-- ``sdk-session``: the OpenAI Agents SDK's session (``AgentMemorySession``) on streams ``sdk-N``
-  -- ``add_items``, ``pop_item``, ``get_items`` (all, or the latest three), ``clear_session``,
-  called as the SDK calls them (coroutines), judged by the log checks (:mod:`.logs`); where
-  ``openai-agents`` is installed.
+  ``delete_thread`` of a thread of the client's own (:mod:`.checkpoints`).
 
 Every value written embeds its op id, session and key, so every read maps to one write; a
 ``recall_many`` is recorded as one read per key.
@@ -41,16 +36,13 @@ by one application server, the next one by another: read-after-write across node
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import queue
 import random
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -88,41 +80,22 @@ WORKLOADS = (
     "search",
     "log",
     "checkpoint",
-    "sdk-session",
 )
-#: What a workload needs installed beyond the store: numpy scores the search's vectors; the
-#: SDK session workload calls the OpenAI Agents SDK's ``Session``.
-NEEDS = {"search": ("numpy", "search"), "sdk-session": ("agents", "openai-agents")}
-
-
-def installed(workload: str) -> bool:
-    """Whether what ``workload`` calls is installed (most need nothing but the store)."""
-    module = NEEDS.get(workload, (None, ""))[0]
-    return module is None or importlib.util.find_spec(module) is not None
-
-
-#: All of them -- but each of :data:`NEEDS` only where what it calls is installed.
-DEFAULT_WORKLOADS = tuple(w for w in WORKLOADS if installed(w))
+#: All of them -- but ``search`` only where numpy (which scores vectors) is installed.
+DEFAULT_WORKLOADS = tuple(w for w in WORKLOADS if w != "search" or semantic.available())
 #: Key families and their share of the operations.
 FAMILIES = {
     "register": ("reg", 5),
     "list": ("list", 3),
     "ttl": ("ttl", 2),
     "many": ("many", 2),
-    "search": ("search", 3),
+    "search": ("search", 2),
     "log": ("log", 3),
     "checkpoint": ("cp", 3),
-    "sdk-session": ("sdk", 3),
 }
 #: The register workload's history reads: pages of this many versions, at most this many pages.
 HISTORY_PAGE_SIZE = 5
 HISTORY_PAGES = 4
-#: A search racing a write starts up to this many seconds after the write (a write takes a few
-#: milliseconds, a search's two reads less than one: a search started with the write is over
-#: before the write commits).
-RACE_JITTER = 0.003
-#: A race step: this many writes by the partner, this many searches by the client.
-RACE_WRITES = 2
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
 
@@ -144,13 +117,10 @@ class WorkloadConfig:
             raise ValueError(
                 f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}"
             )
-        for workload in self.workloads:
-            if not installed(workload):
-                module, extra = NEEDS[workload]
-                raise ValueError(
-                    f"the {workload} workload needs {module}: "
-                    f"pip install 'django-agentmemory[{extra}]'"
-                )
+        if "search" in self.workloads and not semantic.available():
+            raise ValueError(
+                "the search workload needs numpy: pip install 'django-agentmemory[search]'"
+            )
         if not set(self.workloads) & set(FAMILIES):
             raise ValueError(f"choose at least one of the workloads {', '.join(FAMILIES)}")
 
@@ -226,40 +196,6 @@ class _Budget:
         return within or (self.until is not None and not self.until.is_set())
 
 
-class _Partner:
-    """A client's second thread, with its own connections: it makes one call at the moment the
-    client makes another, so that a race the checks look for -- a write landing between a
-    search's two reads -- is met in every run, not only when the dice put two clients there at
-    once (a default run met it in 0 of 6 runs, a run of the search workload alone in every one)."""
-
-    def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        try:
-            while (job := self._jobs.get()) is not None:
-                call, future = job
-                try:
-                    future.set_result(call())
-                except BaseException as exc:  # handed to the client, which raises it
-                    future.set_exception(exc)
-        finally:
-            connections.close_all()
-
-    def submit(self, call: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._jobs.put((call, future))
-        return future
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-
 def _client(
     store: MemoryStore,
     peer: MemoryStore | None,
@@ -274,7 +210,6 @@ def _client(
     rng = random.Random(f"{config.seed}-{name}")
     sessions = session_ids(run_id, config)
     families, weights = config.families
-    partner = _Partner(f"{WORKER_THREAD_PREFIX}{name}w") if "search" in families else None
     start.wait()
     counter = 0
     try:
@@ -289,9 +224,7 @@ def _client(
                 # memories' concern).
                 session_id = sessions[0]
             key = rng.choice(config.keys_of(family))
-            ops = _ops(
-                store, rng, op_id, name, session_id, family, key, config, run_id, partner=partner
-            )
+            ops = _ops(store, rng, op_id, name, session_id, family, key, config, run_id)
             out.extend(ops)
             for op in ops:
                 if peer is not None and op.kind in logs.MUTATIONS and op.status == "ok":
@@ -318,8 +251,6 @@ def _client(
             if progress:
                 progress()
     finally:
-        if partner is not None:
-            partner.close()
         connections.close_all()
 
 
@@ -344,20 +275,16 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
         return "many-read" if roll < 0.35 else "prefix-read" if roll < 0.5 else "many"
     if family == "log":
         return logs.choose_kind(rng)
-    if family == "sdk":
-        return logs.choose_sdk_kind(rng)
     if family == "cp":
         return checkpoints.choose_kind(rng)
     if family == "search":
         return (
             "search"
-            if roll < 0.15
-            else "search-race"
-            if roll < 0.6
+            if roll < 0.35
             else "search-write"
-            if roll < 0.75
+            if roll < 0.65
             else "search-update"
-            if roll < 0.9
+            if roll < 0.85
             else "forget"
         )
     if family == "ttl" and 0.25 <= roll < 0.4:
@@ -385,13 +312,9 @@ def _ops(
     config: WorkloadConfig,
     run_id: str,
     kind: str | None = None,
-    *,
-    partner: _Partner | None = None,
 ) -> list[Operation]:
     """Run one operation and return what it recorded (a multi-key call: one op per key)."""
     kind = kind or _choose_kind(rng, family, config)
-    if kind == "search-race" and partner is not None:
-        return _search_race(store, rng, op_id, client, session_id, key, config, partner)
     if kind in logs.KINDS:
         return [_log_op(store, rng, op_id, client, session_id, key, kind)]
     if kind in checkpoints.KINDS:
@@ -400,7 +323,7 @@ def _ops(
         return _many(store, rng, op_id, client, session_id, config)
     if kind in ("many-read", "prefix-read"):
         return _read_many(store, op_id, client, session_id, config, kind)
-    if kind in ("search", "search-race"):
+    if kind == "search":
         return _search(store, rng, op_id, client, session_id, config)
     if kind in ("search-write", "search-update"):
         return [_search_write(store, rng, op_id, client, session_id, key, kind, config)]
@@ -776,48 +699,6 @@ def _search(
     return _per_key(probe, store, keys, found, prefix="search-", source="database", query=query)
 
 
-def _search_race(
-    store: MemoryStore,
-    rng: random.Random,
-    op_id: str,
-    client: str,
-    session_id: str,
-    key: str,
-    config: WorkloadConfig,
-    partner: _Partner,
-) -> list[Operation]:
-    """Two searches, and two writes of one of their keys by the client's partner (client
-    ``<client>w``) started at the same moment: a write often commits between a search's two
-    reads, where a result scored by one version's vectors and returned with another's value
-    shows."""
-    own = random.Random(rng.random())  # the partner's: a Random is not shared by two threads
-    started = threading.Event()
-
-    def writes() -> list[Operation]:
-        started.set()
-        return [
-            _search_write(
-                store,
-                own,
-                f"{op_id}-w{n}",
-                f"{client}w",
-                session_id,
-                key,
-                "search-update" if own.random() < 0.5 else "search-write",
-                config,
-            )
-            for n in range(RACE_WRITES)
-        ]
-
-    written = partner.submit(writes)
-    started.wait()
-    ops = []
-    for n in range(RACE_WRITES):
-        time.sleep(rng.uniform(0, RACE_JITTER))  # the commits land anywhere in the searches
-        ops += _search(store, rng, op_id if n == 0 else f"{op_id}-s{n}", client, session_id, config)
-    return [*ops, *written.result()]
-
-
 def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operation:
     """In the client's own session: write two keys, read them (the cache fills), erase the
     session, read again: nothing may be left."""
@@ -955,7 +836,7 @@ def final_reads(
                 for family in families:
                     for key in config.keys_of(family):
                         op_id = f"final{round_}-{store.using}-{index}-{key}"
-                        if family in ("log", "sdk"):
+                        if family == "log":
                             op = _log_op(store, rng, op_id, "final", session_id, key)
                         elif family == "cp":
                             op = _checkpoint_op(store, rng, op_id, "final", session_id, key)
