@@ -51,6 +51,8 @@ SUITE_TOOLS = [
     "google-adk>=2.13",
     "mysqlclient>=2.2",
     "psycopg[binary]>=3.1",
+    # A hung test fails after [tool.pytest.ini_options] timeout; the slow ones carry their own.
+    "pytest-timeout>=2.3",
 ]
 #: Redis database of the matrix (scripts/test.sh uses 15): the cache tests clear it.
 REDIS_DB = 12

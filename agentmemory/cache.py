@@ -86,7 +86,16 @@ from django.utils import timezone
 
 from . import clock
 from .conf import get_config
-from .defects import FRACTURED_GAP_SECONDS, SLOW_FILL_SECONDS, Defect, Defects
+from .defects import (
+    FRACTURED_GAP_SECONDS,
+    SLOW_FILL_SECONDS,
+    Defect,
+    Defects,
+    failpoint_before_fill,
+    failpoint_before_load,
+    failpoint_before_renewal,
+    failpoint_tombstones,
+)
 from .defects import NONE as NO_DEFECTS
 from .errors import MemoryUnavailable
 from .models import MemoryState, PendingInvalidation, is_live
@@ -224,8 +233,7 @@ end
 # this epoch and lineage (or than its tombstone), the lease is gone or of an older lineage, or
 # the epoch is older than the newest seen. Another server's, epoch's or lineage's entry is
 # replaced whatever its version.
-PUT_SCRIPT = (
-    """
+_PUT_LEASE = """
 local lineage = redis.call('GET', KEYS[5]) or '0'
 local token = ARGV[4]
 if token ~= '' then
@@ -233,22 +241,44 @@ if token ~= '' then
 end
 redis.call('DEL', KEYS[2])
 """
-    + ADVANCE_EPOCH.format(epoch_key="KEYS[4]", epoch="ARGV[5]", fence="KEYS[3]")
-    + NOTE_RECENT
-    + f"""
-local me = {RUN_ID} .. '/' .. ARGV[5] .. '#' .. lineage
-local new = tonumber(ARGV[1])
+_PUT_VERSION = """
 local current = redis.call('GET', KEYS[1])
 if current then
   local v, who, kind = string.match(current, '^(%d+)|([^|]*)|(.)')
   v = tonumber(v)
   if who == me and v and (v > new or (v == new and kind ~= '~')) then return 0 end
 end
+"""
+_PUT_STORE = """
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. me .. '|' .. ARGV[2], 'PX', ARGV[3])
 if ARGV[6] ~= '' then redis.call('SADD', KEYS[6], ARGV[6]) end
 return 1
 """
-)
+
+
+def _put_script(*, lease: bool = True, version: bool = True) -> str:
+    """PUT_SCRIPT; memcheck's self-test variants drop one of its two checks of a fill: the
+    lease (FILL_IGNORES_LEASE) or the version (FILL_IGNORES_VERSION, for fills only)."""
+    lease_check = (
+        _PUT_LEASE if lease else _PUT_LEASE.replace("if token ~= '' then", "if false then")
+    )
+    version_check = _PUT_VERSION if version else f"if ARGV[4] == '' then{_PUT_VERSION}end\n"
+    return (
+        lease_check
+        + ADVANCE_EPOCH.format(epoch_key="KEYS[4]", epoch="ARGV[5]", fence="KEYS[3]")
+        + NOTE_RECENT
+        + f"""
+local me = {RUN_ID} .. '/' .. ARGV[5] .. '#' .. lineage
+local new = tonumber(ARGV[1])
+"""
+        + version_check
+        + _PUT_STORE
+    )
+
+
+PUT_SCRIPT = _put_script()
+FILL_IGNORES_VERSION_SCRIPT = _put_script(version=False)
+FILL_IGNORES_LEASE_SCRIPT = _put_script(lease=False)
 
 # The FILL_WITHOUT_LEASE defect's fill (memcheck's self-test only): a plain SET, as a naive
 # cache-aside reader does it. Same keys and arguments as PUT_SCRIPT.
@@ -670,7 +700,13 @@ class MemoryCache:
             if record is _FOREIGN:  # a hash collision: never hand out another key's value
                 found[key] = CachedRead(True, redis_ms=redis_ms)
                 continue
-            expiry_checked = Defect.EXPIRED_FROM_CACHE not in self.defects
+            expiry_checked = (
+                not {
+                    Defect.EXPIRED_FROM_CACHE,
+                    Defect.HIT_EXPIRY_UNCHECKED,
+                }
+                & self.defects
+            )
             if (
                 record is not None
                 and expiry_checked
@@ -719,6 +755,7 @@ class MemoryCache:
             # (one snapshot). Hits of Redis with misses read later would mix two instants: a
             # remember_many committed in between would be seen on one key and not the other.
             missing, found = list(keys), {}
+        failpoint_before_load(session_id, missing)
         slow_fills = []
         for key, version, record in load(session_id, missing):
             if record is not None:
@@ -731,6 +768,7 @@ class MemoryCache:
         if slow_fills:
             time.sleep(SLOW_FILL_SECONDS)
             for key, record, version in slow_fills:
+                failpoint_before_fill(session_id, key, version)
                 self._put(session_id, key, record, version, "", force=True)
         untrusted = next((r for r in reads.values() if not r.trusted), None)
         if untrusted is not None:
@@ -741,6 +779,7 @@ class MemoryCache:
         self, session_id: str, key: str, record: MemoryRecord | None, version: int, lease: str
     ) -> None:
         """Store what a reader found in the database, if its lease still holds."""
+        failpoint_before_fill(session_id, key, version)
         self._put(session_id, key, record, version, lease)
 
     # ------------------------------------------------------------------ writes
@@ -757,6 +796,7 @@ class MemoryCache:
         keys = sorted(versions)
         epoch_now = self.database_epoch()
         try:
+            failpoint_tombstones(session_id, versions)
             self._run(
                 MARK_SCRIPT,
                 [
@@ -887,12 +927,21 @@ class MemoryCache:
                 member,
                 RECENT_BOUND,
             ]
-            stored = self._run(SET_SCRIPT if force else PUT_SCRIPT, [(keys, args)])[0]
+            stored = self._run(self._put_source(force, lease), [(keys, args)])[0]
         except Exception as exc:
             self._failed(exc)
             return False
         self.count(("fills" if lease else "updates") if stored else "stale_rejected")
         return True
+
+    def _put_source(self, force: bool, lease: str) -> str:
+        if force:
+            return SET_SCRIPT
+        if lease and Defect.FILL_IGNORES_VERSION in self.defects:
+            return FILL_IGNORES_VERSION_SCRIPT
+        if Defect.FILL_IGNORES_LEASE in self.defects:
+            return FILL_IGNORES_LEASE_SCRIPT
+        return PUT_SCRIPT
 
     # ------------------------------------------------------------------ outages
 
@@ -938,7 +987,7 @@ class MemoryCache:
             .order_by("id")
             .values_list("id", "session_id", "key")[:1000]
         )
-        if pending:
+        if pending and Defect.RENEWAL_IGNORES_PENDING not in self.defects:
             if self._drop([(session_id, key) for _, session_id, key in pending]):
                 ids = [pending_id for pending_id, _, _ in pending]
                 PendingInvalidation.objects.using(self.using).filter(id__in=ids).delete()
@@ -960,6 +1009,10 @@ class MemoryCache:
                     logger.debug("fence renewal skipped: %s", exc)
                     return
                 counter = str(published)
+            failpoint_before_renewal()
+            if Defect.FENCE_FROM_RENEWAL in self.defects:
+                seconds, micros = self.client.time()
+                redis_ms = seconds * 1000 + micros // 1000
             expiry = redis_ms + int(self.fence_seconds * 1000)
             self._run(
                 RENEW_SCRIPT,

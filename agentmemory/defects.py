@@ -1,4 +1,4 @@
-"""Declared seams for proving the checker: deliberate bugs, and one injected failure.
+"""Declared seams for proving the checker: deliberate bugs, injected failures, and holds.
 
 ``MemoryStore(defects={Defect.…})`` builds a store with one (or more) of the bugs below planted at
 one named place of the real code -- no monkeypatching, so what ``memcheck --self-test`` runs is the
@@ -11,12 +11,20 @@ it (:mod:`agentmemory.consistency.selftest`). Never for data.
 raises :class:`InjectedFailure` after its first key is written (a failpoint, as TiKV and FreeBSD
 have them). The real store rolls the whole write back; a non-atomic one has committed the first
 key already.
+
+A :class:`Hold` stops one thread at a named point of the real code until the test or fault that
+armed it releases it -- between a write's tombstones and its COMMIT (:func:`crash_next_write`),
+between a fill's database read and its store (:func:`hold_next_fill`), between a search's two
+reads (:func:`hold_next_search`), between a read of Redis and the database's
+(:func:`hold_next_load`), between a fence renewal's pending check and its fence
+(:func:`hold_next_renewal`) -- so that a race memcheck needs happens in every run, waited for as
+an event, never by a sleep. Points no hold is armed at cost one dictionary lookup.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from enum import StrEnum
 from typing import Any
@@ -57,6 +65,15 @@ class Defect(StrEnum):
     ORM_UNSEEN = "orm-write-unseen"
     VERSION_READ_IGNORES_EXPIRY = "version-read-ignores-expiry"
     HISTORY_PAGE_REPEATS = "history-page-repeats-bound"
+    SDK_POP_KEEPS_ITEM = "sdk-pop-keeps-item"
+    SEARCH_KEEPS_FIRST_SCORES = "search-keeps-first-scores"
+    HIT_EXPIRY_UNCHECKED = "hit-expiry-unchecked"
+    ADK_DROPS_STATE_DELTA = "adk-drops-state-delta"
+    ADK_STALE_APPEND = "adk-stale-append"
+    FILL_IGNORES_VERSION = "fill-ignores-version"
+    FILL_IGNORES_LEASE = "fill-ignores-lease"
+    FENCE_FROM_RENEWAL = "fence-counted-from-renewal"
+    RENEWAL_IGNORES_PENDING = "fence-renewed-while-pending"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -103,6 +120,31 @@ DESCRIPTIONS = {
     "expiry (reads.version)",
     Defect.HISTORY_PAGE_REPEATS: "history(before_version=N) includes version N: the next page "
     "repeats the last version of the one before (reads.history)",
+    Defect.SEARCH_KEEPS_FIRST_SCORES: "search returns each memory as its second read found it, "
+    "scored as its first read ranked it (search.py: a memory rewritten between them is paired "
+    "with the other version's score)",
+    Defect.SDK_POP_KEEPS_ITEM: "the OpenAI Agents SDK session's pop_item returns the latest item "
+    "without removing it (integrations.openai_agents)",
+    Defect.HIT_EXPIRY_UNCHECKED: "a Redis hit is not checked for its memory's expiry: the "
+    "entry's own TTL is trusted to end with it (cache.read)",
+    Defect.ADK_DROPS_STATE_DELTA: "ADK's append_event stores the event but not its state delta "
+    "(integrations.adk)",
+    Defect.ADK_STALE_APPEND: "ADK's append_event does not compare the session's revision: an "
+    "event appended onto a stale session is acknowledged (integrations.adk, google/adk-python "
+    "#4751)",
+    Defect.FILL_IGNORES_VERSION: "a reader's fill of Redis is checked against its lease only, "
+    "not against the version Redis holds: a fill read before a write's COMMIT replaces that "
+    "write's tombstone when the writer dies before its update (cache PUT_SCRIPT)",
+    Defect.FILL_IGNORES_LEASE: "a reader's fill of Redis is checked against the version Redis "
+    "holds only, not against its lease: a fill read before a write is stored once the newer "
+    "entry was evicted (cache PUT_SCRIPT)",
+    Defect.FENCE_FROM_RENEWAL: "a fence renewal counts the fence's expiry from the moment it "
+    "sets it, not from the Redis clock read before its check of the pending invalidations: a "
+    "renewal that stalls after that check outlives the wait of a writer that recorded one "
+    "meanwhile (cache.renew_fence)",
+    Defect.RENEWAL_IGNORES_PENDING: "a fence renewal does not replay the pending invalidations "
+    "first: Redis is trusted again while it holds what a writer could not update "
+    "(cache.renew_fence)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every
@@ -115,6 +157,11 @@ CACHE_DEFECTS = frozenset(
         Defect.LOST_CACHE_UPDATE,
         Defect.FILL_WITHOUT_LEASE,
         Defect.EXPIRED_FROM_CACHE,
+        Defect.HIT_EXPIRY_UNCHECKED,
+        Defect.FILL_IGNORES_VERSION,
+        Defect.FILL_IGNORES_LEASE,
+        Defect.FENCE_FROM_RENEWAL,
+        Defect.RENEWAL_IGNORES_PENDING,
         Defect.ERASE_LEAVES_CACHE,
         Defect.TRANSACTION_READS_CACHE,
         Defect.FRACTURED_READ,
@@ -144,6 +191,12 @@ LOG_DEFECTS = frozenset(
         Defect.READ_SHOWS_POPPED,
     }
 )
+
+#: Defects of the OpenAI Agents SDK session: only the SDK session workload can show them.
+SDK_DEFECTS = frozenset({Defect.SDK_POP_KEEPS_ITEM})
+
+#: Defects of the ADK session service: only the ADK workload can show them.
+ADK_DEFECTS = frozenset({Defect.ADK_DROPS_STATE_DELTA, Defect.ADK_STALE_APPEND})
 
 #: With FILL_WITHOUT_LEASE: seconds between a reader's database read and its fill (a slow reader:
 #: a GC pause, a busy event loop).
@@ -260,6 +313,161 @@ def failpoint_before_checkpoint() -> None:
             raise InjectedFailure("the checkpoint put failed before writing (an injected failure)")
 
 
+class WriterCrashed(Exception):
+    """Raised to the caller of a write that :func:`crash_next_write` crashed: it committed, and
+    the Redis tier's update never ran -- the caller of a process killed right after its COMMIT
+    gets no answer; this thread gets this one instead, and goes on as the next process would."""
+
+
+class Hold:
+    """A point of the code where one thread of this process stops until :meth:`release`: the
+    first to reach it that ``match(session_id, keys)`` selects. ``reached`` is set when it
+    stops; ``taken`` holds what it was doing there (the session and ``{key: version}``). A thread
+    never stops longer than ``timeout`` seconds (a fault that died must not hang the store)."""
+
+    def __init__(self, match: Callable[[str, Iterable[str]], bool], timeout: float) -> None:
+        self.match, self.timeout = match, timeout
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        #: Set once a thread stopped here, or the hold was disarmed: what to wait for when the
+        #: thread may never come.
+        self.settled = threading.Event()
+        self.taken: tuple[str, dict[str, int]] | None = None
+
+    def release(self) -> None:
+        self.released.set()
+        self.settled.set()
+
+
+_holds_lock = threading.Lock()
+#: The holds armed at each point, first armed first.
+_holds: dict[str, list[Hold]] = {}
+
+
+def _arm_hold(point: str, match: Callable[[str, Iterable[str]], bool], timeout: float) -> Hold:
+    hold = Hold(match, timeout)
+    with _holds_lock:
+        _holds.setdefault(point, []).append(hold)
+    return hold
+
+
+def disarm(hold: Hold) -> None:
+    """Disarm ``hold`` if no thread took it yet, and release it if one did."""
+    with _holds_lock:
+        for armed in _holds.values():
+            if hold in armed:
+                armed.remove(hold)
+    hold.release()
+
+
+def _stop_at(point: str, session_id: str, versions: dict[str, int]) -> Hold | None:
+    """Stop this thread at ``point`` if a hold armed there selects this call."""
+    if not _holds.get(point):
+        return None
+    with _holds_lock:
+        armed = _holds.get(point, [])
+        hold = next((h for h in armed if h.match(session_id, versions)), None)
+        if hold is None:
+            return None
+        armed.remove(hold)
+    hold.taken = (session_id, dict(versions))
+    hold.reached.set()
+    hold.settled.set()
+    hold.released.wait(hold.timeout)
+    return hold
+
+
+def crash_next_write(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process (memcheck's ``writer-crash`` fault arms it from its own
+    thread), a crash of the next write of memories that ``match(session_id, keys)`` selects and
+    that updates the Redis tier: it stops after its tombstones went to Redis, before its COMMIT,
+    until the hold is released; then it commits, and its thread raises :class:`WriterCrashed`
+    in place of the tier's update. Redis is left as a process killed right after its COMMIT
+    leaves it: the tombstones of the committed versions, and no update to delete the fill
+    leases readers took meanwhile."""
+    return _arm_hold("commit", match, timeout)
+
+
+def failpoint_before_commit(session_id: str, versions: dict[str, int]) -> None:
+    """Called by the write path after its tombstones went to Redis, before its COMMIT."""
+    if _stop_at("commit", session_id, versions) is not None:
+        _armed.crash = True
+
+
+def hold_next_fill(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a stop of the next fill of the Redis tier that
+    ``match(session_id, [key])`` selects, after its database read and before it is stored,
+    until the hold is released: a slow reader (a GC pause, a busy event loop), what memcheck's
+    ``cache-evict`` fault makes of one reader while it writes and evicts."""
+    return _arm_hold("fill", match, timeout)
+
+
+def failpoint_before_fill(session_id: str, key: str, version: int) -> None:
+    """Called by the tier's fill, after the database read, before the fill is stored."""
+    if _holds.get("fill"):  # nothing built on the way of an unarmed fill
+        _stop_at("fill", session_id, {key: version})
+
+
+def hold_next_search(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a stop of the next search that ``match(session_id, [])``
+    selects, between its two reads (the candidates ranked, their rows not read yet), until the
+    hold is released: memcheck's search race commits its writes there, in every race."""
+    return _arm_hold("search", match, timeout)
+
+
+def failpoint_between_search_reads(session_id: str | None) -> None:
+    """Called by a search between its two reads."""
+    _stop_at("search", session_id or "", {})
+
+
+def hold_next_load(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a stop of the next read through the Redis tier that
+    ``match(session_id, keys)`` selects, between its read of Redis and its read of the database
+    (for its misses), until the hold is released: memcheck's ``recall_many`` race commits a
+    ``remember_many`` there, in every race."""
+    return _arm_hold("load", match, timeout)
+
+
+def failpoint_before_load(session_id: str, keys: Iterable[str]) -> None:
+    """Called by a read through the tier after its read of Redis, before the database's."""
+    if _holds.get("load"):  # nothing built on the way of an unarmed read
+        _stop_at("load", session_id, dict.fromkeys(keys, 0))
+
+
+class CacheCutOff(ConnectionError):
+    """Raised inside the Redis tier by :func:`cut_off_next_write`'s write: handled by the tier
+    as any error of Redis (an outage)."""
+
+
+def cut_off_next_write(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a Redis outage for the next write of memories that
+    ``match(session_id, keys)`` selects, as it sends its tombstones (its store's tier is then
+    unreachable for a moment, its update fails too): the write records its keys as pending and
+    waits out the fence before it answers. Taken at once (the hold does not stop the write)."""
+    hold = _arm_hold("cut-off", match, timeout)
+    hold.release()
+    return hold
+
+
+def failpoint_tombstones(session_id: str, versions: dict[str, int]) -> None:
+    """Called by the tier before it sends a write's tombstones."""
+    if _stop_at("cut-off", session_id, versions) is not None:
+        raise CacheCutOff("Redis unreachable for this write (an injected failure)")
+
+
+def hold_next_renewal(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a stop of the next fence renewal that ``match("", [])``
+    selects (the thread is what tells), after its check of the pending invalidations found none
+    and before it sets the fence, until the hold is released: a renewal that stalls (a GC
+    pause) while a writer records a pending invalidation and waits out the fence."""
+    return _arm_hold("renew", match, timeout)
+
+
+def failpoint_before_renewal() -> None:
+    """Called by a fence renewal between its pending check and its setting of the fence."""
+    _stop_at("renew", "", {})
+
+
 def die_after_commit() -> AbstractContextManager[None]:
     """Inside this block, this process dies (SIGKILL, as the OOM killer or a node's power does it)
     right after its next write commits, before the write updates the Redis tier: what a reader
@@ -274,6 +482,11 @@ def failpoint_after_commit() -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    if _fires("crash"):
+        raise WriterCrashed(
+            "the writer crashed right after its COMMIT, before updating the Redis tier "
+            "(an injected failure: memcheck's writer-crash fault)"
+        )
 
 
 def lose_commit_answer() -> AbstractContextManager[None]:

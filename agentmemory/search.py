@@ -17,7 +17,7 @@ from django.db import connections
 from django.db.models import Q
 
 from .defects import NONE as NO_DEFECTS
-from .defects import Defect, Defects
+from .defects import Defect, Defects, failpoint_between_search_reads
 from .errors import EmbeddingFailed, VersionConflict
 from .models import Memory, MemoryState, Op
 from .reads import ReadPath
@@ -176,7 +176,7 @@ class SearchEngine:
         # The query is embedded before the database is read: every write acknowledged before
         # this call is in what the read sees.
         wanted = self.index.query_vector(query)
-        scope = _Scope(sessions, session_prefix, prefix)
+        scope = _Scope(sessions, session_prefix, prefix, session_id)
         return self.reads.from_database(
             lambda: self._ranked(wanted, scope, conditions, limit, offset)
         )
@@ -197,6 +197,7 @@ class SearchEngine:
         listed = self._first_scores(wanted, scope)
         if listed is None:
             return []
+        failpoint_between_search_reads(scope.session_id)
         ids, first = listed
         # Best first; equal scores in the order the memories were created (by id).
         order = np.lexsort((ids, -np.nan_to_num(first, nan=-np.inf)))
@@ -212,6 +213,9 @@ class SearchEngine:
             # The vectors read in the same statement as the value (a few rows: no cache).
             vectors = [unpack(row[3], self.index.tag) for row in rows]
             scores = self.index.scores(wanted, vectors) if rows else []
+            if Defect.SEARCH_KEEPS_FIRST_SCORES in self.defects:  # memcheck's self-test only
+                listed_scores = {int(ids[at]): first[at] for at in ranked[start : start + chunk]}
+                scores = [listed_scores[row[0]] for row in rows]
             for row, score in zip(rows, scores, strict=True):
                 if np.isnan(score):
                     continue  # rewritten under another configuration meanwhile
@@ -330,10 +334,17 @@ class _Scope:
     """Which memories a search looks at: the session filter, and the exact prefixes it stands
     for (the filter may match more under a case-insensitive collation)."""
 
-    __slots__ = ("prefix", "session_prefix", "sessions")
+    __slots__ = ("prefix", "session_id", "session_prefix", "sessions")
 
-    def __init__(self, sessions: Q, session_prefix: str | None, prefix: str | None) -> None:
+    def __init__(
+        self,
+        sessions: Q,
+        session_prefix: str | None,
+        prefix: str | None,
+        session_id: str | None = None,
+    ) -> None:
         self.sessions, self.session_prefix, self.prefix = sessions, session_prefix, prefix
+        self.session_id = session_id
 
     def keeps(self, record: ScoredMemory) -> bool:
         """The exact prefix tests once more, whatever the collation."""

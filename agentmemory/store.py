@@ -65,7 +65,9 @@ class MemoryStore:
         """``using``: the database alias (default ``AGENTMEMORY["DATABASE"]``); ``cache``: the
         cache alias of the Redis tier, or None (default ``AGENTMEMORY["CACHE"]``);
         ``namespace``: a name that separates this store's Redis entries from other stores' on the
-        same cache (the test plugin gives each test one). ``row_lock=False`` is the unsafe seam
+        same cache (the test plugin gives each test one): a test seam, never for data -- stores of
+        two namespaces over one database do not invalidate each other's entries, so one serves
+        what the other overwrote (each test has data of its own). ``row_lock=False`` is the unsafe seam
         (see :class:`~agentmemory.writes.WritePath`) and ``defects`` the planted bugs of
         :mod:`agentmemory.defects`: for memcheck and tests, never for data. ``index``: the
         semantic index of :meth:`search` (default ``AGENTMEMORY["SEARCH"]``; None: no search)."""

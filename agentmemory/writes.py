@@ -33,6 +33,7 @@ from .defects import (
     failpoint_after_commit,
     failpoint_after_first_key,
     failpoint_autocommit_answer,
+    failpoint_before_commit,
 )
 from .defects import NONE as NO_DEFECTS
 from .errors import IdempotencyKeyReused, InvalidMemory, ReentrantWrite, VersionConflict
@@ -255,6 +256,7 @@ class WritePath:
                     # Redis cannot take the tombstones: the keys are recorded as pending in this
                     # very transaction, so even a writer that dies after COMMIT leaves them.
                     PendingInvalidation.record(self.using, session_id, committing)
+                failpoint_before_commit(session_id, committing)
                 # The update only after the commit: a rolled-back attempt leaves at most
                 # tombstones (misses), never a version that was not committed.
                 transaction.on_commit(

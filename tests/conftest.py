@@ -38,7 +38,8 @@ def redis_alias() -> str:
 
 def pytest_collection_modifyitems(config, items):
     """Tests that do not apply to this backend are deselected (never skipped on one where they
-    apply): ``server`` tests act on a server connection (SQLite runs in-process); ``cluster``
+    apply): ``server`` tests act on a server connection (SQLite runs in-process), ``sqlite`` tests
+    on SQLite's own locking; ``cluster``
     tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL);
     ``postgres`` tests are about PostgreSQL's driver settings; ``pg_ha`` tests need the local
     PostgreSQL HA cluster (one alias over several hosts: scripts/pg-ha.sh); ``mariadb_pair``
@@ -50,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
     not_here = set()
     if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         not_here.add("server")
+    else:
+        not_here.add("sqlite")
     if "node2" not in settings.DATABASES:
         not_here.add("cluster")
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):

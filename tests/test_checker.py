@@ -352,8 +352,17 @@ def test_every_check_has_a_planted_case_here_or_a_database_test():
         "checkpoint-read",
         "checkpoint-list",
         "checkpoint-delete",
+        # the ADK checks: tests/test_adk_checker.py
+        "adk-event",
+        "adk-state",
+        "adk-read",
         # found by memcheck's orm-bulk fault itself: tests/test_orm_writes.py
         "orm-bulk",
+        # found by the writer-crash, cache-evict and fence-race faults:
+        # tests/test_fill_safeguards.py
+        "writer-crash",
+        "cache-evict",
+        "fence-race",
         # judged with --strict only: tests/test_memcheck.py
         "refusal",
     }

@@ -3,6 +3,7 @@ asked for, writes saved twice), and each anomaly planted once is flagged by its 
 database: the checks compare a history with a StoredChain snapshot."""
 
 from collections import Counter
+from types import SimpleNamespace
 
 from agentmemory.consistency.checkpoints import StoredChain, check_checkpoints, thread_of
 from agentmemory.consistency.history import Operation
@@ -120,3 +121,18 @@ def test_a_thread_deleted_that_still_holds_checkpoints_is_flagged():
     found = check_checkpoints([delete], left)
     assert [a.check for a in found] == ["checkpoint-delete"]
     assert check_checkpoints([delete], {}) == []
+
+
+def test_after_a_failover_a_delete_that_met_its_own_lost_checkpoint_is_the_databases():
+    # CI, MariaDB pair: the delete's first checkpoint was acknowledged by the old primary and
+    # lost with it, so its second put -- on a thread no other client writes -- conflicted.
+    failed = op("d", "cp-delete", 0, 6, status="fail", error="CheckpointConflict: ...")
+    left = {thread_of(S, "cp-del-c-d"): StoredChain(checkpoints={"09": (None, "d", "d")})}
+    failover = SimpleNamespace(promoted_at=5.0, crashed_at=4.0)
+    assert [a.check for a in check_checkpoints([failed], {}, [failover])] == ["lost-by-database"]
+    kept = op("d", "cp-delete", 0, 1)
+    assert [a.check for a in check_checkpoints([kept], left, [failover])] == ["lost-by-database"]
+    # After the promotion, the same outcomes are the store's.
+    late = SimpleNamespace(promoted_at=-1.0, crashed_at=-2.0)
+    assert [a.check for a in check_checkpoints([failed], {}, [late])] == ["checkpoint-delete"]
+    assert [a.check for a in check_checkpoints([kept], left, [late])] == ["checkpoint-delete"]

@@ -196,6 +196,20 @@ def test_after_a_failover_a_lost_append_is_the_databases():
     assert found(ops, log()) == Counter({"log-append": 1, "log-read": 1})
 
 
+def test_after_a_failover_a_retry_that_wrote_again_is_the_databases():
+    """CI, MariaDB pair: a log-retry's first call was stored at #3 by the old primary and lost
+    with it; its retry, after the promotion, found no earlier write and appended again at #2 --
+    the workload's RetryAnsweredDifferently, a new request the database's loss made."""
+    retry = append("t", 0, 6, [2], status="fail")
+    retry.kind, retry.result = "log-retry", None
+    retry.error = "RetryAnsweredDifferently: the retry returned [2], the first call [3]"
+    ops = [append("a1", 0, 1, [1]), retry]
+    stored = log("a1.0", "t.0")
+    failover = SimpleNamespace(promoted_at=5.0, crashed_at=4.0)
+    assert found(ops, stored, [failover]) == Counter()
+    assert found(ops, stored)["log-append"] >= 1  # without the failover: the store's
+
+
 def test_after_a_failover_a_lost_pop_is_the_databases_and_its_item_may_be_popped_again():
     """A pop acknowledged before the crash, lost with the primary: the item is live again on the
     promoted standby, and a pop after the promotion returns it again -- the database's loss, not
@@ -209,3 +223,122 @@ def test_after_a_failover_a_lost_pop_is_the_databases_and_its_item_may_be_popped
     stored = log("a1.0", popped={1: (2, "p2")})
     assert found(ops, stored, [failover]) == Counter({"lost-by-database": 1})
     assert found(ops, stored) == Counter({"log-pop": 2})  # without the failover: a double pop
+
+
+# The SDK session's calls (memcheck's sdk-session workload): no idempotency key, no item numbers
+# in what they return -- the checks find the numbers by token and tie a pop to its event.
+
+
+def sdk(id_, kind, t0, t1, *, result=None, value=None, **kw):
+    o = op(id_, kind, t0, t1, result=result, value=value, **kw)
+    o.idempotency_key = None
+    return o
+
+
+def sdk_add(id_, t0, t1, n=1, **kw):
+    return sdk(id_, "sdk-add", t0, t1, value=[item(f"{id_}.{i}") for i in range(n)], **kw)
+
+
+def sdk_log(*tokens, popped=None, cleared=()):
+    """As ``log``, the events made by calls without a key of the workload's (request ids
+    ``r:…``, as the store gives them)."""
+    stored = log(*tokens, popped=popped, cleared=cleared)
+    stored.events = {
+        version: (kind, first, last, count, "r:" + request[2:])
+        for version, (kind, first, last, count, request) in stored.events.items()
+    }
+    return stored
+
+
+def sdk_coherent():
+    ops = [
+        sdk_add("a1", 0, 1),
+        sdk_add("a2", 2, 3, n=2),
+        sdk("g1", "sdk-get", 4, 5, result=[[0, "a1.0"], [0, "a2.0"], [0, "a2.1"]]),
+        sdk("p1", "sdk-pop", 6, 7, result=[0, "a2.1"]),
+        sdk("g2", "sdk-get", 8, 9, result=[[0, "a1.0"], [0, "a2.0"]], client="c-g1"),
+        sdk("g3", "sdk-get", 8, 9, result=[[0, "a2.0"]], expected_version=1),
+        sdk("c1", "sdk-clear", 10, 11),
+        sdk("g4", "sdk-get", 12, 13, result=[], client="c-g1"),
+        sdk("p2", "sdk-pop", 14, 15, result=None),
+    ]
+    stored = sdk_log("a1.0", "a2.0", "a2.1", popped={3: (3, "p1")}, cleared=[(1, 2, 4, "c1")])
+    return ops, stored
+
+
+def test_a_coherent_sdk_session_history_passes():
+    assert found(*sdk_coherent()) == Counter()
+
+
+def test_an_sdk_pop_that_keeps_its_item_is_flagged():
+    """The self-test's sdk-pop-keeps-item: pop_item returns the latest item, removes nothing."""
+    ops = [sdk_add("a1", 0, 1), sdk("p1", "sdk-pop", 2, 3, result=[0, "a1.0"])]
+    flagged = check_logs(ops, {(S, L): sdk_log("a1.0")})
+    assert [(a.check, a.message) for a in flagged] == [
+        ("log-pop", "pop returned #1, which is still live")
+    ]
+
+
+def test_two_sdk_pops_of_one_item_are_flagged():
+    ops = [
+        sdk_add("a1", 0, 1),
+        sdk("p1", "sdk-pop", 2, 4, result=[0, "a1.0"]),
+        sdk("p2", "sdk-pop", 3, 5, result=[0, "a1.0"]),
+    ]
+    assert found(ops, sdk_log("a1.0", popped={1: (2, "p1")}))["log-pop"] >= 1
+
+
+@pytest.mark.parametrize(
+    "ops, stored",
+    [
+        # an acknowledged add_items that is not stored
+        ([sdk_add("a1", 0, 1, n=2)], sdk_log("a1.0")),
+        # stored out of its order
+        ([sdk_add("a1", 0, 1, n=2)], sdk_log("a1.1", "a1.0")),
+    ],
+)
+def test_an_sdk_add_lost_or_reordered_is_flagged(ops, stored):
+    assert found(ops, stored)["log-append"] >= 1
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        [[0, "a1.0"]],  # leaves out a2.0, acknowledged before the read began
+        [[0, "a2.0"], [0, "a1.0"]],  # out of order
+        [[0, "nobody.0"], [0, "a1.0"], [0, "a2.0"]],  # an item nobody stored
+    ],
+)
+def test_an_sdk_get_that_misses_reorders_or_invents_is_flagged(result):
+    ops = [sdk_add("a1", 0, 1), sdk_add("a2", 2, 3), sdk("g", "sdk-get", 4, 5, result=result)]
+    assert found(ops, sdk_log("a1.0", "a2.0"))["log-read"] >= 1
+
+
+def test_after_a_failover_an_sdk_get_may_hold_what_the_database_lost():
+    """An add acknowledged before the crash, read, then lost with the primary: its token is
+    stored nowhere (no number), which is the database's loss -- not a read out of order."""
+    ops = [
+        sdk_add("a1", 0, 1),
+        sdk_add("a2", 2, 3),
+        sdk("g1", "sdk-get", 3.5, 3.8, result=[[0, "a1.0"], [0, "a2.0"]]),
+        sdk("g2", "sdk-get", 6, 7, result=[[0, "a1.0"]]),
+    ]
+    failover = SimpleNamespace(promoted_at=5.0, crashed_at=4.0)
+    assert found(ops, sdk_log("a1.0"), [failover]) == Counter({"lost-by-database": 1})
+    # after the promotion, an item the database does not hold is the store's
+    late = [*ops, sdk("g3", "sdk-get", 8, 9, result=[[0, "a1.0"], [0, "a2.0"]])]
+    assert found(late, sdk_log("a1.0"), [failover])["log-read"] == 1
+
+
+def test_after_a_failover_a_lost_sdk_pop_is_the_databases_and_its_item_may_be_popped_again():
+    """As for the log's own pops, with the pop event tied by the item it removed: the pop after
+    the promotion made the event that holds the item removed, the one before was lost."""
+    ops = [
+        sdk_add("a1", 0, 1),
+        sdk("p1", "sdk-pop", 2, 3, result=[0, "a1.0"]),  # lost in the failover at 4
+        sdk("p2", "sdk-pop", 6, 7, result=[0, "a1.0"]),
+    ]
+    failover = SimpleNamespace(promoted_at=5.0, crashed_at=4.0)
+    stored = sdk_log("a1.0", popped={1: (2, "p2")})
+    assert found(ops, stored, [failover]) == Counter({"lost-by-database": 1})
+    assert found(ops, stored)["log-pop"] >= 1  # without the failover: a double pop

@@ -19,6 +19,17 @@ from agentmemory.models import Memory
 from .conftest import redis_alias
 from .helpers import history_ops, run_memcheck
 
+#: The faults a run under --faults db or all injects wherever a cache tier is configured (on the
+#: run's own keys and sessions), whatever the database.
+TIER_FAULTS = {
+    "foreign-entry",
+    "redis-clock",
+    "writer-crash",
+    "cache-evict",
+    "fence-race",
+    "orm-bulk",
+}
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -55,14 +66,20 @@ def test_memcheck_json_report(tmp_path):
     assert code == 0 and report["anomalies"] == [] and report["operations"] == len(ops)
     # 200 calls by the workers (a recall_many, remember_many or search is recorded once per key,
     # as <call id>-<key> or under one id), then two rounds of final reads of every key, log and
-    # checkpoint thread (3 sessions x 27: reg, list, ttl, search 3 each, many 3 and their
-    # look-alikes Many 3, log streams 3, checkpoint threads 3 read and listed), then a final
-    # search of each session (3 x the 3 search keys).
+    # checkpoint thread (3 sessions x 33: reg, list, ttl, search 3 each, many 3 and their
+    # look-alikes Many 3, log streams 3, SDK session streams 3, ADK sessions 3, checkpoint
+    # threads 3 read and listed), the second round paging through each reg key's history (3 x 3)
+    # and reading each session's many keys by prefix (3 x 3), then a final search of each session
+    # (3 x the 3 search keys).
+    # A search race step is two searches (<id>, <id>-s1) and its partner's two writes (<id>-w0,
+    # <id>-w1); a recall_many race step its read and its partner's remember_many (<id>-w0).
     calls = {
-        re.sub(r"-(many|Many|search)-\d+$", "", op["id"]) for op in ops if op["client"] != "final"
+        re.sub(r"-[sw]\d+$", "", re.sub(r"-(many|Many|search)-\d+$", "", op["id"]))
+        for op in ops
+        if op["client"] != "final"
     }
     assert len(calls) == 200
-    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 27 + 3 * 3
+    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 33 + 3 * 3 + 3 * 3 + 3 * 3
     assert set(report["latency_ms"]) >= {
         "recall",
         "remember",
@@ -71,6 +88,8 @@ def test_memcheck_json_report(tmp_path):
         "log-read",
         "cp-put",
         "cp-read",
+        "sdk-add",
+        "sdk-get",
     }
     assert {"p50", "p95", "p99"} <= set(report["latency_ms"]["recall"])
 
@@ -125,8 +144,7 @@ def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
             "cache-pause",
             "cache-restart",
             "cache-failover",
-            "foreign-entry",
-            "orm-bulk",
+            *TIER_FAULTS,
         }
         | ({"db-kill"} if vendor != "sqlite" else set())
         | ({"db-failover"} if ha else set())
@@ -157,7 +175,7 @@ def test_db_kills_catch_a_store_that_does_not_retry_lost_connections(settings, v
         )  # fmt: skip
         injected = report["faults"]["injected"]
         if vendor == "sqlite":  # no server to kill a connection of: only the lock fault runs
-            cached = {"foreign-entry", "orm-bulk"} if settings.AGENTMEMORY.get("CACHE") else set()
+            cached = TIER_FAULTS if settings.AGENTMEMORY.get("CACHE") else set()
             assert code == 0 and set(injected) == {"db-lock", *cached}, report["faults"]
             return
         assert injected.get("db-kill", 0) >= 1, report["faults"]
@@ -237,6 +255,10 @@ def test_memcheck_workloads_can_be_chosen(tmp_path):
 
     with pytest.raises(CommandError, match="unknown workload"):
         call_command("memcheck", "--workloads", "list,bogus")
+    # Names are exact: the ADK workload is "adk", not "ADK" or "Adk".
+    for wrong in ("ADK", "Adk", "adk-session"):
+        with pytest.raises(CommandError, match=f"unknown workload.*{wrong}"):
+            call_command("memcheck", "--workloads", wrong)
 
 
 def test_the_history_records_where_each_read_came_from(tmp_path):
@@ -455,3 +477,48 @@ def test_strict_is_refused_where_no_run_is_judged(other):
     with pytest.raises(CommandError, match="--strict judges a run") as refused:
         run("--strict", other)
     assert refused.value.returncode == 2
+
+
+def test_a_workload_whose_package_is_missing_is_left_out_not_an_import_error():
+    """``google-adk`` absent means no ``google`` package at all: ``find_spec("google.adk")``
+    raises instead of answering None, and memcheck failed to import in a fresh project (the
+    wheel's smoke test). A missing package, dotted or not, is just not installed."""
+    from agentmemory.consistency.workloads import importable
+
+    assert importable("json") and importable("email.mime")
+    assert not importable("no_such_package_agentmemory")
+    assert not importable("no_such_package_agentmemory.adk")
+
+
+def test_each_race_step_commits_its_partners_writes_between_the_reads():
+    """A search race stops its first search between its two reads, and a recall_many race its
+    read between Redis and the database, until the partner's writes committed (the holds of
+    agentmemory.defects): the race the checks look for is met in every step, not by chance.
+    A search that found no candidate, or a read served whole by Redis, never stops."""
+    from agentmemory.consistency.runner import run_memcheck as run_api
+
+    redis_alias()
+    result = run_api("default", WorkloadConfig(ops=300, workloads=("search", "many"), seed=3))
+    assert result.anomalies == []
+    ops = result.history.operations
+    between = {"search": 0, "many": 0}
+    for write in (o for o in ops if o.id.endswith("-w0") and o.client.endswith("w")):
+        base = write.id.removesuffix("-w0")
+        family = "search" if write.key.startswith("search-") else "many"
+        prefixes = (
+            (f"{base}-search-",) if family == "search" else (f"{base}-many-", f"{base}-Many-")
+        )
+        reads = [o for o in ops if o.id.startswith(prefixes)]
+        assert reads, write
+        stopped = (
+            any(o.version is not None for o in reads)
+            if family == "search"
+            else reads[0].source == "database"
+        )
+        if stopped:
+            assert all(
+                o.invoked_at < write.invoked_at and write.completed_at <= o.completed_at
+                for o in reads
+            ), (write, reads[0])
+            between[family] += 1
+    assert between["search"] >= 3 and between["many"] >= 3, between

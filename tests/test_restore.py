@@ -292,7 +292,8 @@ def test_memcheck_restore_faults_find_only_what_the_database_lost(tier):
     from .test_memcheck import run_json
 
     code, report = run_json("--faults", "restore", "--seconds", "4", "--workers", "4")
-    assert report["faults"]["injected"].get("db-restore", 0) >= 1, report["faults"]
+    faults = report["faults"]
+    assert faults["injected"].get("db-restore", 0) >= 1, (faults["injected"], faults["errors"])
     theirs = [a for a in report["anomalies"] if a["check"] != "lost-by-database"]
     assert not theirs, [(a["check"], a["message"]) for a in theirs[:5]]
     assert code == 1 and report["anomalies"], "a restore a moment after its dump loses writes"

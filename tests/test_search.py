@@ -140,8 +140,13 @@ def test_searches_during_concurrent_overwrites_pair_every_score_with_its_version
     words = ["cat", "dog", "bird", "fish", "horse", "cow"]
     queries: list[tuple[str, list[ScoredMemory]]] = []
     lock = threading.Lock()
+    # The searchers start once a memory is stored: on a loaded machine they could otherwise all
+    # be done before the first write committed, and search nothing (a CI run).
+    written = threading.Event()
 
     def work(i: int) -> None:
+        if not i % 2:
+            assert written.wait(60), "no writer stored a memory in 60 s"
         for n in range(25):
             if i % 2:
                 key = f"k{n % 3}"
@@ -151,6 +156,7 @@ def test_searches_during_concurrent_overwrites_pair_every_score_with_its_version
                     store.update("s", key, lambda v, n=n: {"text": f"{words[n % 6]} {n}"})
                 else:
                     store.remember("s", key, {"text": f"{words[(n + i) % 6]} and {words[n % 6]}"})
+                    written.set()
             else:
                 query = words[(n + i) % 6]
                 found = store.search("s", query, limit=3)

@@ -17,6 +17,7 @@ from typing import Any
 from ..records import VALUE_OPS
 from . import semantic
 from .history import (
+    ADK_KINDS,
     CHECKPOINT_KINDS,
     DATABASE_LOST,
     LOG_KINDS,
@@ -74,9 +75,21 @@ CHECKS = {
     "checkpoint-list": "a listing of checkpoints is newest first and leaves out none acknowledged "
     "before it began that is newer than the oldest it shows",
     "checkpoint-delete": "after delete_thread, the thread holds no checkpoint",
+    "adk-event": "every acknowledged ADK append_event is stored once, a refused one not at all, "
+    "each stored event was appended by a call, in the order the appends were acknowledged",
+    "adk-state": "an ADK session's state is the fold of its stored events: each event's change of "
+    "a key is one version of it, in the events' order, no increment lost, no temp: key stored",
+    "adk-read": "get_session returns a prefix of the stored events holding every one acknowledged "
+    "before it began, and a state that is the fold of a prefix of them",
     "cache-divergence": "at quiescence, every Redis entry holds the database's version",
     "orm-bulk": "after an ORM write of memories commits (a queryset delete() or update() of a "
     "served column), no read returns what it deleted or changed",
+    "writer-crash": "after a writer crashed between its COMMIT and its Redis update, while a "
+    "reader filled the version before it, a read returns the committed version",
+    "cache-evict": "after a write's entry was evicted before a slow reader's fill of the version "
+    "before it, a read returns the written version",
+    "fence-race": "after a writer that could not reach Redis recorded its key as pending and "
+    "waited out the fence, while a fence renewal stalled, a read returns the written version",
     "refusal": "with --strict: no call is refused (MemoryUnavailable, 'database is locked') "
     "unless an injected fault explains it",
     "lost-by-database": "no acknowledged write is lost by the database itself (a failover to an "
@@ -250,7 +263,7 @@ def check_history(
     keyed = {
         pair: ops
         for pair, ops in history.by_key().items()
-        if ops[0].kind not in LOG_KINDS | CHECKPOINT_KINDS
+        if ops[0].kind not in LOG_KINDS | CHECKPOINT_KINDS | ADK_KINDS
     }
     for (session_id, key), stored in sorted(state.items()):
         anomalies += audit_key(session_id, key, stored)

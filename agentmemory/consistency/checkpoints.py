@@ -296,7 +296,7 @@ def check_checkpoints(
         _check_reads(chain)
         _check_lists(chain)
         found += chain.found
-    found += _check_deletes(deletes, chains)
+    found += _check_deletes(deletes, chains, promoted)
     return found
 
 
@@ -455,13 +455,25 @@ def _check_lists(c: _Chain) -> None:
                 )
 
 
-def _check_deletes(deletes: list[Operation], chains: dict[str, StoredChain]) -> list[Anomaly]:
+def _check_deletes(
+    deletes: list[Operation], chains: dict[str, StoredChain], promoted: float
+) -> list[Anomaly]:
     found = []
     last: dict[str, Operation] = {}
     for op in deletes:
         if op.status == "fail":
+            # The thread is its client's alone: a conflict on it means the database lost what
+            # the call had written -- a failover's loss, if the call began before the promotion.
+            lost = op.invoked_at <= promoted
             found.append(
-                Anomaly("checkpoint-delete", op.session_id, op.key, op.error or "", [brief(op)])
+                Anomaly(
+                    "lost-by-database" if lost else "checkpoint-delete",
+                    op.session_id,
+                    op.key,
+                    ("a failover lost what this call wrote first: " if lost else "")
+                    + (op.error or ""),
+                    [brief(op)],
+                )
             )
         last[delete_thread_of(op.session_id, op.client)] = op
     for thread, op in last.items():
@@ -469,7 +481,7 @@ def _check_deletes(deletes: list[Operation], chains: dict[str, StoredChain]) -> 
         if op.status == "ok" and left is not None and left.checkpoints:
             found.append(
                 Anomaly(
-                    "checkpoint-delete",
+                    "lost-by-database" if op.invoked_at <= promoted else "checkpoint-delete",
                     op.session_id,
                     op.key,
                     f"after delete_thread, {thread} still holds {sorted(left.checkpoints)}",

@@ -25,13 +25,16 @@ store's cache tier at it, with the configured cache's options:
 * ``cache-failover``: ``kill -9`` the primary; the sentinels promote the replica (whatever it had
   not received is lost); the old primary rejoins as the new replica.
 
-One more wherever a cache tier is configured (every mode but ``none``), since it is harmless
-on the project's own Redis: it touches only the run's throw-away keys.
+Two more wherever a cache tier is configured (every mode but ``none``), since they are harmless
+on the project's own Redis: they touch only the run's throw-away keys.
 
 * ``foreign-entry``: write into Redis an older version of one of the run's memories, stamped with
   the identity of another Redis server process -- what a Redis restarted from an old snapshot,
   or a replica promoted before it received the newest writes, hands back. A tier that trusted
   it (one that skipped the server-identity check) serves a stale read.
+* ``redis-clock``: Redis' clock steps back -- for a second, the entries of the run's memories
+  that expire live ten seconds longer than their memories (``PEXPIRE``). A tier that did not
+  check a hit's expiry itself, trusting Redis' TTL, serves an expired memory.
 
 And with a cache tier, under ``--faults db``, ``all`` or ``orm``:
 
@@ -71,6 +74,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -132,6 +136,21 @@ LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
 #: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
 WORKER_THREAD_PREFIX = "memcheck-client-"
 
+#: The redis-clock fault: how far Redis' clock steps back, and for how long new entries are
+#: stretched so.
+CLOCK_STEP_SECONDS = 10.0
+CLOCK_STEP_WINDOW = 1.0
+
+#: How long the writer-crash, cache-evict and fence-race faults wait for the thread they stop.
+HOLD_SECONDS = 5.0
+#: Faults that play out on sessions of their own, each a race its holds make happen: injected
+#: once the workload's clients are done, one after the other, before the final reads -- they need
+#: no traffic, and fence-race needs the tier to itself (a fence renewal of the clients' would
+#: replay what it leaves pending). In the schedule they only lengthened a run's round of faults.
+QUIET_FAULTS = frozenset({"writer-crash", "cache-evict", "fence-race"})
+#: How many times a quiet fault sets up its race before it reports why it could not.
+QUIET_ATTEMPTS = 3
+
 #: The server identity (``run_id``) the foreign-entry fault stamps: no Redis process has it.
 FOREIGN_RUN_ID = "0" * 40
 
@@ -143,6 +162,11 @@ RESTORE_MARGIN_SECONDS = 0.5
 LOCK_WAIT_SECONDS = 1
 LOCK_HOLD_SECONDS = 1.2
 PAUSE_SECONDS = 0.6
+
+
+class Unstaged(Exception):
+    """A quiet fault could not set up its race (Redis never served the key, a held thread
+    never reached its point): tried again, then reported as an error -- never a silent no-op."""
 
 
 class FaultsUnavailable(Exception):
@@ -185,7 +209,14 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
             f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
         )
     if cache is not None and mode != "none":
-        kinds = (*kinds, "foreign-entry")
+        kinds = (
+            *kinds,
+            "foreign-entry",
+            "redis-clock",
+            "writer-crash",
+            "cache-evict",
+            "fence-race",
+        )
     if cache is not None and mode in ("db", "all", "orm"):
         kinds = (*kinds, "orm-bulk")
     return kinds
@@ -217,6 +248,7 @@ class Nemesis:
         #: What a fault saw for itself (orm-bulk): anomalies, beside the checker's.
         self.findings: list[Anomaly] = []
         self._orm_runs = 0
+        self._own_runs = 0
         #: memcheck's own Redis (a SentinelGroup), which the cache faults act on.
         self.redis = redis
         #: The cluster's other aliases, whose servers the node faults take turns on.
@@ -239,7 +271,8 @@ class Nemesis:
         self._stop = threading.Event()
         #: Set once every kind was injected (or tried) once: a timed run lasts at least that long.
         self.round_done = threading.Event()
-        if not self.kinds:
+        self._looped = tuple(k for k in self.kinds if k not in QUIET_FAULTS)
+        if not self._looped:
             self.round_done.set()
         self._admin: Any = None
         self._admin_port = 0
@@ -296,20 +329,43 @@ class Nemesis:
             order: list[str] = []
             while not self._stop.wait(self._rng.uniform(0.5, 1.5) * self._interval):
                 if not order:  # every kind once, in a seeded order, before any repeats
-                    order = self._rng.sample(self.kinds, len(self.kinds))
-                kind = order.pop()
-                started = clock.now().timestamp()
-                try:
-                    if getattr(self, "_" + kind.replace("-", "_"))():
-                        self.counts[kind] += 1
-                        self.windows.append((kind, started, clock.now().timestamp()))
-                except Exception as exc:  # reported; the run goes on
-                    self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
-                    connections.close_all()  # a connection the fault broke: a new one next time
+                    order = self._rng.sample(self._looped, len(self._looped))
+                self._inject(order.pop())
                 if not order:
                     self.round_done.set()
         finally:
             connections.close_all()
+
+    def _inject(self, kind: str) -> None:
+        started = clock.now().timestamp()
+        try:
+            if getattr(self, "_" + kind.replace("-", "_"))():
+                self.counts[kind] += 1
+                self.windows.append((kind, started, clock.now().timestamp()))
+        except Unstaged:
+            raise
+        except Exception as exc:  # reported; the run goes on
+            self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+            connections.close_all()  # a connection the fault broke: a new one next time
+
+    def after_workload(self) -> None:
+        """The faults that need the tier to themselves (:data:`QUIET_FAULTS`), once the
+        workload's clients are done."""
+        for kind in self.kinds:
+            if kind not in QUIET_FAULTS:
+                continue
+            reasons = []
+            for _attempt in range(QUIET_ATTEMPTS):
+                try:
+                    self._inject(kind)
+                    break
+                except Unstaged as exc:
+                    reasons.append(str(exc))
+            else:
+                self.errors.append(
+                    f"{kind}: not played out in {QUIET_ATTEMPTS} attempts: {'; '.join(reasons)}"
+                )
+        connections.close_all()
 
     def _db_kill(self) -> bool:
         if self._vendor == "sqlite":
@@ -413,7 +469,15 @@ class Nemesis:
         dumped_at = clock.now().timestamp()
         taken = dumps.dump(self.database, self.sessions)
         self._stop.wait(self._rng.uniform(*RESTORE_AFTER_SECONDS))
-        dumps.restore(taken)
+        for attempt in range(3):
+            try:
+                dumps.restore(taken)
+                break
+            except DatabaseError as exc:
+                # A deadlock with the workload's writers (its rows deleted and inserted under
+                # their locks): the restore is a transaction, retried as a whole.
+                if classify(exc) is None or attempt == 2:
+                    raise
         restored_at = clock.now().timestamp()
         fence = self.cache.fence_seconds if self.cache is not None else 0.0
         self.failovers.append(
@@ -451,6 +515,247 @@ class Nemesis:
     def _cache_failover(self) -> bool:
         self.redis.fail_over()
         self.redis.rejoin()
+        return True
+
+    def _redis_clock(self) -> bool:
+        """Redis' clock steps back (an NTP step, a VM resumed, a replica promoted whose clock was
+        behind): for :data:`CLOCK_STEP_WINDOW` seconds, every entry of the run's memories that
+        expire lives :data:`CLOCK_STEP_SECONDS` longer than its memory. A hit's own check of the
+        memory's expiry is then all that keeps an expired memory from being served."""
+        keys = list(
+            Memory.objects.using(self.database)
+            .filter(session_id__in=self.sessions, expires_at__isnull=False)
+            .values_list("session_id", "key")
+        )
+        if not keys:
+            return False
+        client = self.cache.client
+        names = [self.cache.entry_key(session_id, key) for session_id, key in keys]
+        step_ms = int(CLOCK_STEP_SECONDS * 1000)
+        deadline = time.monotonic() + CLOCK_STEP_WINDOW
+        while time.monotonic() < deadline and not self._stop.is_set():
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.pttl(name)
+            # An entry not stretched yet (a stretched one has more than the step left).
+            stretch = [
+                (n, t) for n, t in zip(names, pipe.execute(), strict=True) if 0 < t < step_ms
+            ]
+            pipe = client.pipeline(transaction=False)
+            for name, left in stretch:
+                pipe.pexpire(name, left + step_ms)
+            pipe.execute()
+            self._stop.wait(0.01)
+        return True
+
+    def _own_session(self, fault: str) -> tuple[Any, str]:
+        """A store with the run's defects (a self-test variant's tier), and a session of the
+        fault's own: outside the workload's, so that its checks judge only the store's calls."""
+        from ..store import MemoryStore
+
+        self._own_runs += 1
+        store = MemoryStore(using=self.database, cache=self.cache.alias, defects=self.defects)
+        return store, f"memcheck-{fault}-{self.sessions[0]}-{self._own_runs}"
+
+    @staticmethod
+    def _served_from_cache(store: Any, session_id: str, key: str) -> None:
+        """Read ``key`` until Redis serves it (the fence is up: a renewal after a cache fault
+        may first replay pending invalidations); :class:`Unstaged` if it never does."""
+        for _ in range(20):
+            store.recall(session_id, key)
+            if store.last_read_source == "cache":
+                return
+        raise Unstaged("Redis never served the fault's own key (20 reads)")
+
+    def _read_back(
+        self,
+        check: str,
+        store: Any,
+        session_id: str,
+        key: str,
+        version: int,
+        what: str,
+        why: str,
+    ) -> None:
+        """Read ``key`` until Redis serves it (a first read may find the fence gone and renew
+        it): each read must give ``version`` or newer; the first that does not is a ``check``
+        anomaly -- ``what`` happened, then the read, ``why`` it could."""
+        for _ in range(20):
+            found = store.recall(session_id, key)
+            if found is None or found.version < version:
+                read = f"v{found.version}" if found else "nothing"
+                self.findings.append(
+                    Anomaly(
+                        check,
+                        session_id,
+                        key,
+                        f"{what}; then recall returned {read} (from {store.last_read_source}): "
+                        f"{why}",
+                        [],
+                    )
+                )
+                return
+            if store.last_read_source == "cache":
+                return
+
+    def _in_thread(self, name: str, work: Any) -> tuple[threading.Thread, list[Any]]:
+        """``work()`` in a thread of its own (its database connections closed after it);
+        returns the thread and a list that receives what it returned or raised."""
+        out: list[Any] = []
+
+        def run() -> None:
+            try:
+                out.append(work())
+            except Exception as exc:  # judged by the fault
+                out.append(exc)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        return thread, out
+
+    def _writer_crash(self) -> bool:
+        """A writer crashes right after its COMMIT, before it updates Redis
+        (:func:`~agentmemory.defects.crash_next_write`), while a reader missed on its tombstone
+        and read the version before it from the database: the reader's fill lease is never
+        deleted (no update comes), so only the version check of its fill keeps that older
+        version out of Redis. Read again once the writer is gone, the key must give the version
+        the writer committed: anything older is a ``writer-crash`` anomaly."""
+        store, session_id = self._own_session("crash")
+        key = "k"
+        try:
+            store.remember(session_id, key, {"crash": 1})
+            self._served_from_cache(store, session_id, key)
+            hold = defects.crash_next_write(lambda s, _keys: s == session_id, HOLD_SECONDS)
+            writer, outcome = self._in_thread(
+                "memcheck-crash-writer", lambda: store.remember(session_id, key, {"crash": 2})
+            )
+            try:
+                if not hold.reached.wait(HOLD_SECONDS):
+                    raise Unstaged(f"the writer did not reach its COMMIT in {HOLD_SECONDS} s")
+                # The tombstone is in Redis, the COMMIT not made: a miss, read from the
+                # database (the version before), filled under this reader's lease.
+                store.recall(session_id, key)
+            finally:
+                defects.disarm(hold)
+                writer.join()
+            if not (outcome and isinstance(outcome[0], defects.WriterCrashed)):
+                raise Unstaged(f"the write did not crash: {outcome}")
+            assert hold.taken is not None
+            committed = hold.taken[1][key]
+            self._read_back(
+                "writer-crash",
+                store,
+                session_id,
+                key,
+                committed,
+                f"v{committed} committed, its writer crashed before updating Redis",
+                "a fill read before the COMMIT was stored over the writer's tombstone",
+            )
+        finally:
+            store.erase_session(session_id)
+        return True
+
+    def _cache_evict(self) -> bool:
+        """Redis evicts an entry (``maxmemory``: any entry may go at any moment) between a
+        write's update and a slow reader's fill (:func:`~agentmemory.defects.hold_next_fill`)
+        that read the version before the write from the database: no newer version is left
+        in Redis to refuse that fill, so only its lease -- which the write's update deleted --
+        keeps it out. Read again, the key must give the write's version: anything older is a
+        ``cache-evict`` anomaly."""
+        store, session_id = self._own_session("evict")
+        key = "k"
+        entry = self.cache.entry_key(session_id, key)
+        client = self.cache.client
+        try:
+            store.remember(session_id, key, {"evict": 1})
+            self._served_from_cache(store, session_id, key)
+            client.delete(entry)  # evicted: the next reader misses and fills
+            hold = defects.hold_next_fill(lambda s, _keys: s == session_id, HOLD_SECONDS)
+            reader, _ = self._in_thread(
+                "memcheck-evict-reader", lambda: store.recall(session_id, key)
+            )
+            try:
+                if not hold.reached.wait(HOLD_SECONDS):
+                    raise Unstaged(f"the reader did not reach its fill in {HOLD_SECONDS} s")
+                written = store.remember(session_id, key, {"evict": 2})  # acknowledged
+                client.delete(entry)  # and its entry evicted, before the slow reader's fill
+            finally:
+                defects.disarm(hold)
+                reader.join()
+            self._read_back(
+                "cache-evict",
+                store,
+                session_id,
+                key,
+                written.version,
+                f"v{written.version} was acknowledged and its entry evicted",
+                "a fill read before the write was stored",
+            )
+        finally:
+            store.erase_session(session_id)
+        return True
+
+    def _fence_race(self) -> bool:
+        """A fence renewal stalls after its check of the pending invalidations found none
+        (:func:`~agentmemory.defects.hold_next_renewal`); meanwhile a writer cannot reach Redis
+        (:func:`~agentmemory.defects.cut_off_next_write`), records its key as pending and waits
+        out the fence before it answers; then the renewal sets the fence. A fence counted from
+        the Redis clock read before the check has expired by then; one counted from the moment
+        it is set has not -- and Redis still holds the version before the write. Read again,
+        the key must give the written version, and again once the next renewal -- which must
+        replay the pending key first -- trusts Redis: anything older is a ``fence-race``
+        anomaly."""
+        from ..store import MemoryStore
+
+        reader, session_id = self._own_session("fence")
+        # The writer's tier of its own: its outage is its own.
+        writer = MemoryStore(using=self.database, cache=self.cache.alias, defects=self.defects)
+        key = "k"
+        try:
+            writer.remember(session_id, key, {"fence": 1})
+            self._served_from_cache(reader, session_id, key)
+            self.cache.client.delete(self.cache.fence_key)  # the fence expires
+            name = "memcheck-fence-reader"
+            hold = defects.hold_next_renewal(
+                lambda _s, _k: threading.current_thread().name == name, HOLD_SECONDS
+            )
+
+            def read_until_renewing() -> None:
+                # A renewal that finds pending invalidations (a cache fault's) replays them
+                # and renews on the next read.
+                for _ in range(10):
+                    reader.recall(session_id, key)
+                    if hold.settled.is_set():
+                        return
+
+            thread, _ = self._in_thread(name, read_until_renewing)
+            try:
+                if not hold.reached.wait(HOLD_SECONDS):
+                    raise Unstaged(f"the reader did not renew the fence in {HOLD_SECONDS} s")
+                cut = defects.cut_off_next_write(lambda s, _keys: s == session_id, HOLD_SECONDS)
+                written = writer.remember(session_id, key, {"fence": 2})
+                if not cut.reached.is_set():
+                    defects.disarm(cut)
+                    raise Unstaged("the write reached Redis")
+            finally:
+                defects.disarm(hold)
+                thread.join()
+            # The first read finds no fence (it renews, after replaying what is pending), the
+            # next ones read Redis.
+            self._read_back(
+                "fence-race",
+                reader,
+                session_id,
+                key,
+                written.version,
+                f"v{written.version} was acknowledged after its writer recorded it as pending "
+                "and waited out the fence, while a renewal stalled",
+                "Redis was trusted with what the writer could not update",
+            )
+        finally:
+            reader.erase_session(session_id)
         return True
 
     def _foreign_entry(self) -> bool:

@@ -16,10 +16,15 @@ WRITE_KINDS = frozenset(
 )
 READ_KINDS = frozenset({"recall"})
 #: The log workload's kinds (:mod:`agentmemory.consistency.logs`): judged by the log checks only.
-LOG_KINDS = frozenset({"log-append", "log-retry", "log-pop", "log-clear", "log-read"})
+#: The SDK session workload's kinds are log kinds: its calls are the log calls they make, judged by
+#: the log checks (with the numbers the items were stored at, which the SDK does not return).
+SDK_KINDS = frozenset({"sdk-add", "sdk-pop", "sdk-clear", "sdk-get"})
+LOG_KINDS = frozenset({"log-append", "log-retry", "log-pop", "log-clear", "log-read"}) | SDK_KINDS
 #: The checkpoint workload's kinds (:mod:`agentmemory.consistency.checkpoints`): judged by the
 #: checkpoint checks only.
 CHECKPOINT_KINDS = frozenset({"cp-put", "cp-fork", "cp-writes", "cp-read", "cp-list", "cp-delete"})
+#: The ADK workload's kinds (:mod:`agentmemory.consistency.adk`): judged by the ADK checks only.
+ADK_KINDS = frozenset({"adk-append", "adk-get"})
 #: The error of a call whose caller's own transaction met a transient error (the store cannot
 #: retry inside it): expected -- a conflict rolled it back (fail), a lost connection left its
 #: outcome unknown (info).
@@ -29,8 +34,14 @@ IN_TRANSACTION = "Transient in the caller's transaction"
 def allowed_without_answer(error: str) -> bool:
     """Whether a call may end without an answer with this error, by the contract: the store
     said it could not (``MemoryUnavailable``), or the caller's own transaction met a transient
-    error. Any other error that reaches a caller is an anomaly (check ``caller-error``)."""
-    return error.startswith(("MemoryUnavailable", IN_TRANSACTION, DATABASE_LOST))
+    error; or memcheck's own fault crashed the writer. Any other error that reaches a caller is
+    an anomaly (check ``caller-error``)."""
+    return error.startswith(("MemoryUnavailable", IN_TRANSACTION, DATABASE_LOST, WRITER_CRASHED))
+
+
+#: The error of a write that memcheck's writer-crash fault crashed right after its COMMIT
+#: (:class:`~agentmemory.defects.WriterCrashed`): indeterminate, as a dead process's call is.
+WRITER_CRASHED = "WriterCrashed"
 
 
 #: The error a retry is judged with when the database lost its first call (a failover, a

@@ -20,12 +20,25 @@ The checks judge the history against the stored items and events, per stream, in
   (a window of the latest N: every one above its oldest), and never goes back on what the same
   client read before.
 
+The SDK session workload (streams ``sdk-N``) makes its calls through ``AgentMemorySession``, as
+the OpenAI Agents SDK makes them: ``add_items`` (``sdk-add``), ``pop_item`` (``sdk-pop``),
+``get_items`` (``sdk-get``: every item, or the latest three) and ``clear_session``
+(``sdk-clear``), with no idempotency key (the SDK has none) and no item numbers in what they
+return. The checks judge each as the log call it makes, with the numbers its items' tokens are
+stored at; a pop is tied to the event that removed the item it returned.
+
 After a database failover (an asynchronous standby promoted), an acknowledged append the database
-lost is ``lost-by-database``, and what ran before the promotion is judged by order only.
+lost is ``lost-by-database``, and what ran before the promotion is judged by order only (an SDK
+call's reads not at all: their numbers are found in what the database holds in the end, which may
+lack what they saw). An SDK pop is tied to its event preferring a pop after the promotion, so a
+pop before it whose item was popped again is taken as lost with the old primary -- the SDK gives
+no request id that would tell.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import heapq
 import math
 import random
@@ -40,10 +53,19 @@ from ..models import Log, LogEvent, LogItem
 from ..records import LogOp
 from ..store import MemoryStore
 from .checker import Anomaly, brief
+from .history import DATABASE_LOST, Operation, allowed_without_answer
 from .history import LOG_KINDS as KINDS
-from .history import Operation
 
-MUTATIONS = frozenset({"log-append", "log-retry", "log-pop", "log-clear"})
+MUTATIONS = frozenset(
+    {"log-append", "log-retry", "log-pop", "log-clear", "sdk-add", "sdk-pop", "sdk-clear"}
+)
+#: The log call each call of the SDK session makes.
+SDK_AS_LOG = {
+    "sdk-add": "log-append",
+    "sdk-pop": "log-pop",
+    "sdk-clear": "log-clear",
+    "sdk-get": "log-read",
+}
 #: The window of a limited read.
 WINDOW = 3
 
@@ -59,6 +81,10 @@ def choose_kind(rng: random.Random) -> str:
     )[0]
 
 
+def choose_sdk_kind(rng: random.Random) -> str:
+    return rng.choices(["sdk-get", "sdk-add", "sdk-pop", "sdk-clear"], weights=[30, 42, 24, 4])[0]
+
+
 def run_op(
     store: MemoryStore,
     rng: random.Random,
@@ -70,6 +96,8 @@ def run_op(
     """One call of the log workload on ``store``, recorded into ``op`` (``call``: the
     workload's recorder). A read takes every item, or (a third of them, unless ``whole``) the
     latest :data:`WINDOW`."""
+    if op.kind in SDK_AS_LOG:
+        return _run_sdk_op(store, rng, op, call, whole=whole)
     session_id, stream = op.session_id, op.key
     if op.kind in ("log-append", "log-retry"):
         size = 1 if op.kind == "log-retry" or rng.random() < 0.6 else rng.choice((2, 3))
@@ -108,6 +136,40 @@ def run_op(
         def read() -> list[list[Any]]:
             found = store.read_log(session_id, stream, limit=limit)
             return [[r.seq, _token(r.value)] for r in found]
+
+        call(op, read)
+    return op
+
+
+def _run_sdk_op(
+    store: MemoryStore, rng: random.Random, op: Operation, call: Any, *, whole: bool
+) -> Operation:
+    """One call of the SDK session workload, made as the SDK makes it (a coroutine, here run to
+    completion by this worker thread). Results are recorded as the log calls' are, with item
+    number 0 (unknown: the SDK returns values only) -- the checks find the numbers by token."""
+    from ..integrations.openai_agents import AgentMemorySession
+
+    session = AgentMemorySession(op.session_id, store=store, stream=op.key)
+    if op.kind == "sdk-add":
+        size = 1 if rng.random() < 0.6 else rng.choice((2, 3))
+        items = [{"op": f"{op.id}.{i}", "s": op.session_id, "k": op.key} for i in range(size)]
+        op.value = items
+        call(op, lambda: asyncio.run(session.add_items(items)))
+    elif op.kind == "sdk-pop":
+
+        def pop() -> list[Any] | None:
+            found = asyncio.run(session.pop_item())
+            return None if found is None else [0, _token(found)]
+
+        call(op, pop)
+    elif op.kind == "sdk-clear":
+        call(op, lambda: asyncio.run(session.clear_session()))
+    else:
+        limit = None if whole or rng.random() >= 0.3 else WINDOW
+        op.expected_version = limit
+
+        def read() -> list[list[Any]]:
+            return [[0, _token(item)] for item in asyncio.run(session.get_items(limit))]
 
         call(op, read)
     return op
@@ -184,12 +246,26 @@ class _Stream:
     found: list[Anomaly] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.ops = _numbered(self.ops, self.stored)
         self.appender: dict[str, Operation] = {}
         for op in self.ops:
-            if op.kind in ("log-append", "log-retry"):
+            if _as_log(op) in ("log-append", "log-retry"):
                 for item in op.value or []:
                     self.appender[item["op"]] = op
-        self.by_request = {f"k:{op.id}": op for op in self.ops if op.kind in MUTATIONS}
+        self.by_request = {
+            f"k:{op.id}": op for op in self.ops if op.kind in MUTATIONS and op.idempotency_key
+        }
+        # An SDK pop carries no key of ours: it is tied to the pop event that removed its item
+        # -- a pop after the last failover's promotion first (one before it may have been lost
+        # with the old primary, and its item popped again).
+        self.request_of = {op.id: f"k:{op.id}" for op in self.by_request.values()}
+        for op in sorted(self.ops, key=lambda op: not self.judged(op)):
+            if op.kind == "sdk-pop" and op.status == "ok" and op.result is not None:
+                removed_in = self.stored.items.get(op.result[0], (None, None))[1]
+                event = self.stored.events.get(removed_in or 0)
+                if event is not None and event[0] == LogOp.POP and event[4] not in self.by_request:
+                    self.by_request[event[4]] = op
+                    self.request_of[op.id] = event[4]
         # seq -> the event that removed it (a pop's, or the clear or expiry that hid it)
         self.removed_by: dict[int, int] = {}
         for version, (kind, first, last, _count, _request) in sorted(self.stored.events.items()):
@@ -215,9 +291,40 @@ class _Stream:
         event = self.stored.events.get(version)
         return True, None if event is None else self.by_request.get(event[4])
 
+    def own_event(self, op: Operation, event: tuple[str, int, int, int, str] | None) -> bool:
+        """Whether ``event`` is the one ``op`` made."""
+        return event is not None and event[4] == self.request_of.get(op.id)
+
     def judged(self, op: Operation) -> bool:
         """Whether ``op`` ran after the last failover's promotion (or there was none)."""
         return op.invoked_at > self.promoted
+
+
+def _as_log(op: Operation) -> str:
+    """The log call ``op`` made (an SDK session's call: the log call it makes)."""
+    return SDK_AS_LOG.get(op.kind, op.kind)
+
+
+def _numbered(ops: list[Operation], stored: StoredLog) -> list[Operation]:
+    """The calls, each SDK session call that succeeded with the numbers its items are stored at
+    (found by token; 0 where none is): what the log calls return, and the SDK's do not."""
+    at: dict[str | None, int] = {}
+    for seq, (token, _removed) in sorted(stored.items.items()):
+        at.setdefault(token, seq)
+    numbered = []
+    for op in ops:
+        if op.kind not in SDK_AS_LOG or op.status != "ok":
+            numbered.append(op)
+            continue
+        result = op.result
+        if op.kind == "sdk-add":
+            result = [at[item["op"]] for item in op.value or [] if item["op"] in at]
+        elif op.kind == "sdk-pop" and result is not None:
+            result = [at.get(result[1], 0), result[1]]
+        elif op.kind == "sdk-get":
+            result = [[at.get(token, 0), token] for _seq, token in result or []]
+        numbered.append(dataclasses.replace(op, result=result))
+    return numbered
 
 
 def check_logs(
@@ -230,12 +337,21 @@ def check_logs(
     keyed: dict[tuple[str, str], list[Operation]] = defaultdict(list)
     for op in sorted(history, key=lambda o: o.invoked_at):
         if op.kind in KINDS:
+            if (
+                op.kind == "log-retry"
+                and op.status == "fail"
+                and (op.error or "").startswith(RetryAnsweredDifferently.__name__)
+                and op.invoked_at <= promoted
+            ):
+                # The database lost the first call with the old primary: the retry wrote again,
+                # as a new request. Indeterminate, and the database's consequence.
+                op = dataclasses.replace(op, status="info", error=f"{DATABASE_LOST}: {op.error}")
             keyed[(op.session_id, op.key)].append(op)
     found: list[Anomaly] = []
     for pair in sorted(set(keyed) | set(logs)):
         stream = _Stream(*pair, keyed.get(pair, []), logs.get(pair, StoredLog()), promoted)
         for op in stream.ops:
-            if op.status == "info" and not (op.error or "").startswith("MemoryUnavailable"):
+            if op.status == "info" and not allowed_without_answer(op.error or ""):
                 stream.report("caller-error", f"{op.kind} raised {op.error}", op)
         _check_sequence(stream)
         _check_appends(stream)
@@ -284,7 +400,7 @@ def _check_appends(s: _Stream) -> None:
                 *([writer] if writer else []),
             )
     for op in s.ops:
-        if op.kind not in ("log-append", "log-retry"):
+        if _as_log(op) not in ("log-append", "log-retry"):
             continue
         tokens = [item["op"] for item in op.value or []]
         stored = [at.get(token, []) for token in tokens]
@@ -322,14 +438,14 @@ def _check_appends(s: _Stream) -> None:
 def _check_pops(s: _Stream) -> None:
     popped: dict[str, list[Operation]] = defaultdict(list)
     for op in s.ops:
-        if op.kind != "log-pop" or op.status != "ok" or op.result is None:
+        if _as_log(op) != "log-pop" or op.status != "ok" or op.result is None:
             continue
         seq, token = op.result
         stored_token, removed_in = s.stored.items.get(seq, (None, None))
         event = s.stored.events.get(removed_in or 0)
         # Before a failover: a pop whose event the database does not hold was lost by it (the
         # item came back, and a later pop may rightly return it again).
-        if not s.judged(op) and (event is None or event[4] != f"k:{op.id}"):
+        if not s.judged(op) and not s.own_event(op, event):
             if (op.completed_at or 0) <= s.promoted:
                 s.report(
                     "lost-by-database",
@@ -346,7 +462,7 @@ def _check_pops(s: _Stream) -> None:
             s.report("log-pop", f"pop returned #{seq} = {token}, #{seq} holds {stored_token}", op)
         elif removed_in is None:
             s.report("log-pop", f"pop returned #{seq}, which is still live", op)
-        elif event is not None and event[4].startswith("k:") and event[4] != f"k:{op.id}":
+        elif event is not None and event[4] in s.by_request and not s.own_event(op, event):
             taker = s.by_request.get(event[4])
             s.report(
                 "log-pop",
@@ -368,11 +484,19 @@ def _check_reads(s: _Stream) -> None:
     last_read: dict[str, Operation] = {}
     due = _Due(s)
     for op in s.ops:
-        if op.kind != "log-read" or op.status != "ok":
+        if _as_log(op) != "log-read" or op.status != "ok":
             continue
         items = [(seq, token) for seq, token in op.result or []]
         seqs = [seq for seq, _ in items]
-        if seqs != sorted(set(seqs)):
+        if op.kind in SDK_AS_LOG:
+            # Numbered by token from what the database holds in the end: before a failover's
+            # promotion, what it read may have been lost (no number), and is not judged.
+            if not s.judged(op):
+                continue
+            numbered = [seq for seq in seqs if seq]
+        else:
+            numbered = seqs
+        if numbered != sorted(set(numbered)):
             s.report("log-read", f"read returned items out of order: {_span(seqs)}", op)
             continue
         if not s.judged(op):
@@ -382,7 +506,9 @@ def _check_reads(s: _Stream) -> None:
             stored_token = s.stored.items.get(seq, (None, None))[0]
             writer = s.appender.get(token or "")
             _removed, remover = s.remover(seq)
-            if stored_token != token:
+            if seq == 0:
+                s.report("log-read", f"read returned {token}, which the database does not hold", op)
+            elif stored_token != token:
                 s.report(
                     "log-read", f"read returned #{seq} = {token}, #{seq} holds {stored_token}", op
                 )

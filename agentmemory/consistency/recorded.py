@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .adk import StoredApp, check_adk
 from .checker import Anomaly, cache_divergence, check_history, duplicate_rows
 from .checkpoints import StoredChain, check_checkpoints
 from .history import History, Operation
@@ -33,6 +34,7 @@ class Final:
     duplicates: dict[tuple[str, str], int] = field(default_factory=dict)
     logs: dict[tuple[str, str], StoredLog] = field(default_factory=dict)
     checkpoints: dict[str, StoredChain] = field(default_factory=dict)
+    adk: dict[str, StoredApp] = field(default_factory=dict)
     cached: dict[tuple[str, str], CachedEntry | None] = field(default_factory=dict)
     looked_at: float = 0.0  # when Redis was read (POSIX seconds)
     failovers: list[Failover] = field(default_factory=list)
@@ -43,6 +45,7 @@ class Final:
         found += check_history(history, self.state, self.failovers)
         found += check_logs(history.operations, self.logs, self.failovers)
         found += check_checkpoints(history.operations, self.checkpoints, self.failovers)
+        found += check_adk(history.operations, self.adk, self.failovers)
         found += cache_divergence(self.cached, self.state, now=self.looked_at)
         return found
 
@@ -71,6 +74,7 @@ class Final:
                     for (s, k), v in self.logs.items()
                 ],
                 "checkpoints": {t: asdict(c) for t, c in self.checkpoints.items()},
+                "adk": {app: asdict(stored) for app, stored in self.adk.items()},
                 "cached": pairs(self.cached),
                 "looked_at": self.looked_at,
                 "failovers": [asdict(f) for f in self.failovers],
@@ -100,6 +104,7 @@ class Final:
                 )
                 for thread, chain in line.get("checkpoints", {}).items()
             },
+            adk={app: StoredApp(**stored) for app, stored in line.get("adk", {}).items()},
             cached={(s, k): None if v is None else CachedEntry(**v) for s, k, v in line["cached"]},
             looked_at=line["looked_at"],
             failovers=[

@@ -24,7 +24,7 @@ READY_TIMEOUT_SECONDS = 30.0
 #: A restart from an older snapshot (:meth:`SentinelGroup.restart_from_older_snapshot`): how many
 #: keys the primary changes after its snapshot before it crashes, and the longest it waits for
 #: them (an idle server crashes without them).
-WRITES_AFTER_SNAPSHOT = 50
+WRITES_AFTER_SNAPSHOT = 200
 AFTER_SNAPSHOT_SECONDS = 1.0
 #: The longest a sentinel group waits for an event (a failover, a replica in sync). A failover
 #: normally takes 2-3 s; a sentinel that saw its timer late (a loaded machine) enters TILT mode

@@ -27,6 +27,7 @@ from ..defects import Defect, Defects
 from ..models import Memory
 from ..store import MemoryStore
 from . import semantic
+from .adk import delete_apps, load_apps
 from .bootstrap import setup_process
 from .checker import Anomaly
 from .checkpoints import delete_threads, load_chains
@@ -45,7 +46,14 @@ from .pg_failover import Failover, TimelineWatch
 from .recorded import Final
 from .redis_servers import SentinelGroup
 from .state import cached_entries, duplicate_keys, load_state
-from .workloads import WorkloadConfig, final_reads, new_run_id, run_workload, session_ids
+from .workloads import (
+    WorkloadConfig,
+    final_reads,
+    new_run_id,
+    run_workload,
+    session_ids,
+    warm_up,
+)
 
 
 @dataclass(kw_only=True)
@@ -219,6 +227,7 @@ def _process_main(
     store = make_store(database, unsafe, Defects(defects))
     local = [kind for kind in kinds if kind in LOCAL_FAULTS]
     sessions = session_ids(run_id, config)
+    warm_up(config)
     with Nemesis(
         database, store.cache, local, sessions=sessions, seed=config.seed + index
     ) as nemesis:
@@ -352,6 +361,7 @@ def _run(
     stores = [make_store(alias, unsafe, defects) for alias in aliases]
     store = stores[0]
     sessions = session_ids(run_id, config)
+    warm_up(config)
     started = time.monotonic()
     retries: Counter[str] = Counter()
     injected: Counter[str] = Counter()
@@ -402,6 +412,8 @@ def _run(
                         progress=progress.tick if progress else None,
                         until=nemesis.round_done,
                     )
+                nemesis.stop()  # the looped faults healed: the quiet ones run alone
+                nemesis.after_workload()
             injected.update(nemesis.counts)
             fault_errors += nemesis.errors
             windows += nemesis.windows
@@ -423,6 +435,9 @@ def _run(
             duplicates=duplicate_keys(database, sessions),
             logs=load_logs(database, sessions),
             checkpoints=load_chains(database, sessions),
+            adk=load_apps(database, sessions, config.keys_of("adk"))
+            if "adk" in config.workloads
+            else {},
             cached=cached_entries(store.cache, state),
             looked_at=time.time(),
             failovers=list(failovers),
@@ -435,6 +450,8 @@ def _run(
             for session_id in ran:
                 cleaner.erase_session(session_id)
             delete_threads(cleaner, sessions)
+            if "adk" in config.workloads:
+                delete_apps(cleaner, sessions, config.keys_of("adk"))
         for alias in aliases:
             connections[alias].close()
     return RunResult(

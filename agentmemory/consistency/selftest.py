@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
-from ..defects import CACHE_DEFECTS, CHECKPOINT_DEFECTS, DESCRIPTIONS, LOG_DEFECTS, Defect
+from ..defects import (
+    ADK_DEFECTS,
+    CACHE_DEFECTS,
+    CHECKPOINT_DEFECTS,
+    DESCRIPTIONS,
+    LOG_DEFECTS,
+    SDK_DEFECTS,
+    Defect,
+)
 from .checker import DATABASE_OWN
 from .runner import RunResult, make_store, run_memcheck
 from .workloads import WorkloadConfig
@@ -38,6 +46,7 @@ class Outcome:
     operations: int = 0
     seconds: float = 0.0
     example: str = ""  # the first anomaly's message
+    fault_errors: list[str] = field(default_factory=list)  # of the last run: why a fault did not
 
     @property
     def passed(self) -> bool:
@@ -51,9 +60,27 @@ class Outcome:
 
 
 REAL = "(the real store)"
+#: Variants of the tier's second safeguards, each shown only by the fault that breaks its
+#: partner -- one of the faults on the run's own keys, in every mode but none.
+PARTNER_FAULTS = {
+    # an entry that outlives its memory
+    Defect.HIT_EXPIRY_UNCHECKED: "redis-clock",
+    # a writer dead between its COMMIT and its update: its fill leases are never deleted
+    Defect.FILL_IGNORES_VERSION: "writer-crash",
+    # a newer entry evicted before a slow fill: no version left in Redis to refuse it
+    Defect.FILL_IGNORES_LEASE: "cache-evict",
+    # a renewal that stalls after its pending check while a writer records one and waits
+    Defect.FENCE_FROM_RENEWAL: "fence-race",
+    # the same, the renewal after the writer's wait: only the replay keeps Redis from being
+    # trusted with the version before the write
+    Defect.RENEWAL_IGNORES_PENDING: "fence-race",
+}
 #: Variants that show only under a fault: a transient database error to retry; a Redis restart
-#: (a connection that reconnects to another server process).
-NEEDS_FAULTS = frozenset({Defect.NOT_RETRIED, Defect.SERVER_ID_KEPT})
+#: (a connection that reconnects to another server process); the partner faults above.
+NEEDS_FAULTS = frozenset({Defect.NOT_RETRIED, Defect.SERVER_ID_KEPT, *PARTNER_FAULTS})
+#: Variants the workload's races show now and then, and a fault of every mode but none in every
+#: run: they run under the run's faults too (a fill without its lease: cache-evict).
+SHOWN_BY_FAULTS = frozenset({Defect.FILL_WITHOUT_LEASE})
 #: Variants that show only under a fault of their own, whatever the run's: a restore.
 OWN_FAULTS = {Defect.RESTORE_UNSEEN: "restore", Defect.ORM_UNSEEN: "orm"}
 
@@ -76,10 +103,20 @@ def not_applicable(
     defect: Defect, *, cache: str | None, vendor: str, faults: str, workloads: Sequence[str] = ()
 ) -> str:
     """Why ``defect`` cannot show on this configuration ('' when it can)."""
-    if defect in (Defect.STALE_VECTOR, Defect.SEARCH_IGNORES_EXPIRY) and "search" not in workloads:
+    if (
+        defect
+        in (Defect.STALE_VECTOR, Defect.SEARCH_IGNORES_EXPIRY, Defect.SEARCH_KEEPS_FIRST_SCORES)
+        and "search" not in workloads
+    ):
         return "the search workload does not run (numpy is not installed, or --workloads)"
     if defect in LOG_DEFECTS and "log" not in workloads:
         return "the log workload does not run (--workloads)"
+    if defect in SDK_DEFECTS and "sdk-session" not in workloads:
+        return (
+            "the sdk-session workload does not run (openai-agents is not installed, or --workloads)"
+        )
+    if defect in ADK_DEFECTS and "adk" not in workloads:
+        return "the adk workload does not run (google-adk is not installed, or --workloads)"
     if defect in CHECKPOINT_DEFECTS and "checkpoint" not in workloads:
         return "the checkpoint workload does not run (--workloads)"
     if defect in CACHE_DEFECTS and cache is None:
@@ -89,6 +126,8 @@ def not_applicable(
             "no Redis server restarts here (--faults cache restarts the Redis memcheck starts, "
             "and a connection reconnects to the new process)"
         )
+    if defect in PARTNER_FAULTS and cache is not None and faults == "none":
+        return f"--faults none: the {PARTNER_FAULTS[defect]} fault that shows it does not run"
     if defect is Defect.RESTORE_UNSEEN and faults == "none":
         return "no database fault runs here (the database is not on this machine)"
     if defect is Defect.UPSERT_SKIPS_HISTORY and vendor != "postgresql":
@@ -124,7 +163,7 @@ def run_self_test(
     def run(planted: tuple[Defect, ...], seed: int) -> RunResult:
         # The real store under the run's faults; a variant under them only if it needs them to
         # show (the rest are caught without, in less time).
-        needs = not planted or any(d in NEEDS_FAULTS for d in planted)
+        needs = not planted or any(d in NEEDS_FAULTS | SHOWN_BY_FAULTS for d in planted)
         own = next((OWN_FAULTS[d] for d in planted if d in OWN_FAULTS), None)
         return run_memcheck(
             list(aliases),
@@ -169,6 +208,7 @@ def _record(outcome: Outcome, result: RunResult) -> None:
     # failure nor a planted bug caught.
     found = [a for a in result.anomalies if a.check not in DATABASE_OWN]
     outcome.caught = Counter(anomaly.check for anomaly in found)
+    outcome.fault_errors = list(result.fault_errors)
     if found:
         outcome.example = f"[{found[0].check}] {found[0].message}"
 

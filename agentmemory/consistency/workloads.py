@@ -1,6 +1,7 @@
 """Concurrent workloads that record a :class:`History` while they hammer a few hot keys.
 
-Eleven workloads, all on by default (``WorkloadConfig.workloads``):
+Fourteen workloads, all on by default (``WorkloadConfig.workloads``) where what they call is
+installed:
 
 - ``register``: keys ``reg-N`` -- remember, compare-and-set, forget, recall;
 - ``list``: keys ``list-N`` -- appends through ``update(fn)``; every read reveals the whole order;
@@ -24,7 +25,15 @@ Eleven workloads, all on by default (``WorkloadConfig.workloads``):
   retried with their idempotency key), pops, clears and reads (:mod:`.logs`);
 - ``checkpoint``: LangGraph checkpoint chains ``<session>:cp-N`` -- steps that extend the latest
   checkpoint, forks from an older one, pending writes (some saved twice), reads, listings, and
-  ``delete_thread`` of a thread of the client's own (:mod:`.checkpoints`).
+  ``delete_thread`` of a thread of the client's own (:mod:`.checkpoints`);
+- ``sdk-session``: the OpenAI Agents SDK's session (``AgentMemorySession``) on streams ``sdk-N``
+  -- ``add_items``, ``pop_item``, ``get_items`` (all, or the latest three), ``clear_session``,
+  called as the SDK calls them (coroutines), judged by the log checks (:mod:`.logs`); where
+  ``openai-agents`` is installed;
+- ``adk``: Google ADK's session service (``AgentMemorySessionService``) on sessions ``adk-N`` of
+  an app per session -- ``append_event`` with state deltas (session, ``app:``, ``user:`` and
+  ``temp:`` keys, a counter read-modify-written from the loaded state; a quarter sent twice) and
+  ``get_session``, judged by the ADK checks (:mod:`.adk`); where ``google-adk`` is installed.
 
 Every value written embeds its op id, session and key, so every read maps to one write; a
 ``recall_many`` is recorded as one read per key.
@@ -36,13 +45,16 @@ by one application server, the next one by another: read-after-write across node
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import queue
 import random
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +63,14 @@ from django.db import DatabaseError, connections, transaction
 
 from .. import clock
 from ..conf import get_config
-from ..defects import InjectedFailure, fail_after_first_key
+from ..defects import (
+    Hold,
+    InjectedFailure,
+    disarm,
+    fail_after_first_key,
+    hold_next_load,
+    hold_next_search,
+)
 from ..errors import (
     CheckpointConflict,
     InvalidMemory,
@@ -62,7 +81,7 @@ from ..errors import (
 from ..records import VALUE_OPS
 from ..store import MemoryStore
 from ..vendors import Transient, classify
-from . import checkpoints, logs, semantic
+from . import adk, checkpoints, logs, semantic
 from .faults import WORKER_THREAD_PREFIX
 from .history import IN_TRANSACTION, History, Operation, token_of
 
@@ -80,22 +99,80 @@ WORKLOADS = (
     "search",
     "log",
     "checkpoint",
+    "sdk-session",
+    "adk",
 )
-#: All of them -- but ``search`` only where numpy (which scores vectors) is installed.
-DEFAULT_WORKLOADS = tuple(w for w in WORKLOADS if w != "search" or semantic.available())
+#: What a workload needs installed beyond the store: numpy scores the search's vectors; the
+#: SDK session workload calls the OpenAI Agents SDK's ``Session``.
+NEEDS = {
+    "search": ("numpy", "search"),
+    "sdk-session": ("agents", "openai-agents"),
+    "adk": ("google.adk", "google-adk"),
+}
+
+
+def installed(workload: str) -> bool:
+    """Whether what ``workload`` calls is installed (most need nothing but the store)."""
+    module = NEEDS.get(workload, (None, ""))[0]
+    return module is None or importable(module)
+
+
+#: What a workload imports on its first call (lazily: memcheck runs where the frameworks are not
+#: installed), imported by :func:`warm_up` before the clients start.
+FIRST_IMPORTS = {
+    "sdk-session": ("agentmemory.integrations.openai_agents",),
+    "adk": (
+        "google.adk.errors",
+        "google.adk.events.event",
+        "google.adk.events.event_actions",
+        "agentmemory.integrations.adk",
+    ),
+}
+
+
+def warm_up(config: WorkloadConfig) -> None:
+    """Import what the chosen workloads import on their first call, before the clients start:
+    ``openai-agents`` takes seconds to import, and every client waited on that import -- the
+    run's first seconds were no traffic, and a fault injected then (a restore a moment after its
+    dump) met none."""
+    for workload in config.workloads:
+        for module in FIRST_IMPORTS.get(workload, ()):
+            importlib.import_module(module)
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported (a dotted name whose package is missing cannot:
+    ``find_spec("google.adk")`` raises where no ``google`` package is installed)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+#: All of them -- but each of :data:`NEEDS` only where what it calls is installed.
+DEFAULT_WORKLOADS = tuple(w for w in WORKLOADS if installed(w))
 #: Key families and their share of the operations.
 FAMILIES = {
     "register": ("reg", 5),
     "list": ("list", 3),
     "ttl": ("ttl", 2),
     "many": ("many", 2),
-    "search": ("search", 2),
+    "search": ("search", 3),
     "log": ("log", 3),
     "checkpoint": ("cp", 3),
+    "sdk-session": ("sdk", 3),
+    "adk": ("adk", 3),
 }
 #: The register workload's history reads: pages of this many versions, at most this many pages.
 HISTORY_PAGE_SIZE = 5
 HISTORY_PAGES = 4
+#: The second search of a race step starts up to this many seconds after the first.
+RACE_JITTER = 0.003
+#: A race step: this many writes by the partner, this many searches by the client.
+RACE_WRITES = 2
+#: How long the partner waits for the first search to stop between its reads (it stops, or
+#: ends having found no candidate, long before).
+RACE_HOLD_SECONDS = 5.0
 #: The prefix the ``many`` workload's prefix reads ask for; its keys' look-alikes differ in case.
 MANY_PREFIX = "many-"
 
@@ -117,10 +194,13 @@ class WorkloadConfig:
             raise ValueError(
                 f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}"
             )
-        if "search" in self.workloads and not semantic.available():
-            raise ValueError(
-                "the search workload needs numpy: pip install 'django-agentmemory[search]'"
-            )
+        for workload in self.workloads:
+            if not installed(workload):
+                module, extra = NEEDS[workload]
+                raise ValueError(
+                    f"the {workload} workload needs {module}: "
+                    f"pip install 'django-agentmemory[{extra}]'"
+                )
         if not set(self.workloads) & set(FAMILIES):
             raise ValueError(f"choose at least one of the workloads {', '.join(FAMILIES)}")
 
@@ -196,6 +276,40 @@ class _Budget:
         return within or (self.until is not None and not self.until.is_set())
 
 
+class _Partner:
+    """A client's second thread, with its own connections: it makes one call at the moment the
+    client makes another, so that a race the checks look for -- a write landing between a
+    search's two reads -- is met in every run, not only when the dice put two clients there at
+    once (a default run met it in 0 of 6 runs, a run of the search workload alone in every one)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while (job := self._jobs.get()) is not None:
+                call, future = job
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # handed to the client, which raises it
+                    future.set_exception(exc)
+        finally:
+            connections.close_all()
+
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((call, future))
+        return future
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
 def _client(
     store: MemoryStore,
     peer: MemoryStore | None,
@@ -210,6 +324,9 @@ def _client(
     rng = random.Random(f"{config.seed}-{name}")
     sessions = session_ids(run_id, config)
     families, weights = config.families
+    partner = (
+        _Partner(f"{WORKER_THREAD_PREFIX}{name}w") if {"search", "many"} & set(families) else None
+    )
     start.wait()
     counter = 0
     try:
@@ -218,13 +335,15 @@ def _client(
             op_id = f"{name}-{counter}"
             session_id = rng.choice(sessions)
             family = rng.choices(families, weights=weights)[0]
-            if family == "cp":
-                # A thread's runs race only on that thread: the checkpoint threads are the first
-                # session's, so that a short run still sees steps meet (isolation is the
-                # memories' concern).
+            if family in ("cp", "adk"):
+                # A thread's runs race only on that thread: the checkpoint threads (and the ADK
+                # sessions) are the first session's, so that a short run still sees steps meet
+                # (isolation is the memories' concern).
                 session_id = sessions[0]
             key = rng.choice(config.keys_of(family))
-            ops = _ops(store, rng, op_id, name, session_id, family, key, config, run_id)
+            ops = _ops(
+                store, rng, op_id, name, session_id, family, key, config, run_id, partner=partner
+            )
             out.extend(ops)
             for op in ops:
                 if peer is not None and op.kind in logs.MUTATIONS and op.status == "ok":
@@ -233,6 +352,8 @@ def _client(
                     out.append(
                         _checkpoint_op(peer, rng, f"{op.id}-next", name, op.session_id, op.key)
                     )
+                if peer is not None and op.kind in adk.MUTATIONS and op.status == "ok":
+                    out.append(_adk_op(peer, rng, f"{op.id}-next", name, op.session_id, op.key))
                 if peer is not None and op.is_write and op.status == "ok":
                     out.extend(
                         _ops(
@@ -251,6 +372,8 @@ def _client(
             if progress:
                 progress()
     finally:
+        if partner is not None:
+            partner.close()
         connections.close_all()
 
 
@@ -272,19 +395,25 @@ def _choose_kind(rng: random.Random, family: str, config: WorkloadConfig) -> str
         kinds, weights = _register_kinds(config)
         return rng.choices(kinds, weights=weights)[0]
     if family == "many":
-        return "many-read" if roll < 0.35 else "prefix-read" if roll < 0.5 else "many"
+        return "many-race" if roll < 0.35 else "prefix-read" if roll < 0.5 else "many"
     if family == "log":
         return logs.choose_kind(rng)
+    if family == "sdk":
+        return logs.choose_sdk_kind(rng)
     if family == "cp":
         return checkpoints.choose_kind(rng)
+    if family == "adk":
+        return adk.choose_kind(rng)
     if family == "search":
         return (
             "search"
-            if roll < 0.35
+            if roll < 0.15
+            else "search-race"
+            if roll < 0.6
             else "search-write"
-            if roll < 0.65
+            if roll < 0.75
             else "search-update"
-            if roll < 0.85
+            if roll < 0.9
             else "forget"
         )
     if family == "ttl" and 0.25 <= roll < 0.4:
@@ -312,18 +441,28 @@ def _ops(
     config: WorkloadConfig,
     run_id: str,
     kind: str | None = None,
+    *,
+    partner: _Partner | None = None,
 ) -> list[Operation]:
     """Run one operation and return what it recorded (a multi-key call: one op per key)."""
     kind = kind or _choose_kind(rng, family, config)
+    if kind == "search-race" and partner is not None:
+        return _search_race(store, rng, op_id, client, session_id, key, config, partner)
     if kind in logs.KINDS:
         return [_log_op(store, rng, op_id, client, session_id, key, kind)]
     if kind in checkpoints.KINDS:
         return [_checkpoint_op(store, rng, op_id, client, session_id, key, kind)]
+    if kind in adk.KINDS:
+        return [_adk_op(store, rng, op_id, client, session_id, key, kind)]
     if kind == "many":
         return _many(store, rng, op_id, client, session_id, config)
-    if kind in ("many-read", "prefix-read"):
-        return _read_many(store, op_id, client, session_id, config, kind)
-    if kind == "search":
+    if kind == "many-race" and partner is not None:
+        return _read_many_race(store, rng, op_id, client, session_id, config, partner)
+    if kind in ("many-read", "many-race", "prefix-read"):
+        return _read_many(
+            store, op_id, client, session_id, config, "many-read" if kind == "many-race" else kind
+        )
+    if kind in ("search", "search-race"):
         return _search(store, rng, op_id, client, session_id, config)
     if kind in ("search-write", "search-update"):
         return [_search_write(store, rng, op_id, client, session_id, key, kind, config)]
@@ -368,6 +507,21 @@ def _checkpoint_op(
         op_id, client, kind or "cp-read", session_id, key, invoked_at=0.0, node=store.using
     )
     return checkpoints.run_op(store, rng, op, _call, whole=whole)
+
+
+def _adk_op(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    key: str,
+    kind: str = "adk-get",
+) -> Operation:
+    """A call of the ADK workload (a ``get_session`` by default: a read on the next node after
+    a write, a final read)."""
+    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
+    return adk.run_op(store, rng, op, _call)
 
 
 def _one_op(
@@ -496,6 +650,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         logs.RetryAnsweredDifferently,
         CheckpointConflict,
         checkpoints.DeletedThreadRead,
+        adk.StaleAppend,
     ) as exc:
         op.status, op.error = "fail", f"{type(exc).__name__}: {exc}"
     except ErasedRead as exc:
@@ -526,6 +681,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
             "history-read",
             *logs.KINDS,
             *checkpoints.KINDS,
+            *adk.KINDS,
         ):
             op.result = result  # the caller unpacks it
         elif op.kind == "bad-input":
@@ -606,6 +762,59 @@ def _read_many(
     _call(probe, call)
     found = probe.result if probe.status == "ok" else {}
     return _per_key(probe, store, asked, found, prefix=prefix, source=store.last_read_source)
+
+
+def _read_many_race(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    config: WorkloadConfig,
+    partner: _Partner,
+) -> list[Operation]:
+    """A ``recall_many`` of the keys, and a ``remember_many`` of two of them by the client's
+    partner (client ``<client>w``) committed while the read stops between its read of Redis and
+    its read of the database (:func:`~agentmemory.defects.hold_next_load`): a read that returns
+    one key as Redis held it before the write and the other as the database holds it after
+    shows in every race where the read missed a key (a read served whole by Redis reads no
+    database, and the write then follows it)."""
+    own = random.Random(rng.random())  # the partner's: a Random is not shared by two threads
+    ops, written = _held_race(
+        partner,
+        hold_next_load,
+        lambda: _read_many(store, op_id, client, session_id, config, "many-read"),
+        lambda: _many(store, own, f"{op_id}-w0", f"{client}w", session_id, config),
+    )
+    return [*ops, *written.result()]
+
+
+def _held_race(
+    partner: _Partner,
+    arm: Callable[..., Hold],
+    read: Callable[[], list[Operation]],
+    write: Callable[[], list[Operation]],
+) -> tuple[list[Operation], Future[Any]]:
+    """``read()`` in this thread, stopped at the hold ``arm`` sets for it until ``write()``
+    returned in the partner's thread -- which starts once the read stopped there, or ended
+    without stopping (a read that never reaches the point). Returns the read's operations and
+    the write's future."""
+    me = threading.current_thread()
+    hold = arm(lambda _session, _keys: threading.current_thread() is me)
+
+    def held_write() -> list[Operation]:
+        hold.settled.wait(RACE_HOLD_SECONDS)
+        try:
+            return write()
+        finally:
+            hold.release()
+
+    written = partner.submit(held_write)
+    try:
+        ops = read()
+    finally:
+        disarm(hold)
+    return ops, written
 
 
 def _per_key(
@@ -697,6 +906,50 @@ def _search(
     _call(probe, lambda: store.search(session_id, query, prefix="search-", limit=len(keys) + 1))
     found = {r.key: r for r in probe.result} if probe.status == "ok" else {}
     return _per_key(probe, store, keys, found, prefix="search-", source="database", query=query)
+
+
+def _search_race(
+    store: MemoryStore,
+    rng: random.Random,
+    op_id: str,
+    client: str,
+    session_id: str,
+    key: str,
+    config: WorkloadConfig,
+    partner: _Partner,
+) -> list[Operation]:
+    """Two searches, and two writes of one of their keys by the client's partner (client
+    ``<client>w``): the first search stops between its two reads
+    (:func:`~agentmemory.defects.hold_next_search`) until both writes committed -- a result
+    scored by one version's vectors and returned with another's value shows in every race --
+    and the second runs a moment later, while nothing is written."""
+    own = random.Random(rng.random())  # the partner's: a Random is not shared by two threads
+
+    def writes() -> list[Operation]:
+        return [
+            _search_write(
+                store,
+                own,
+                f"{op_id}-w{n}",
+                f"{client}w",
+                session_id,
+                key,
+                "search-update" if own.random() < 0.5 else "search-write",
+                config,
+            )
+            for n in range(RACE_WRITES)
+        ]
+
+    # A search that found no candidate never stops: the writes then follow it.
+    ops, written = _held_race(
+        partner,
+        hold_next_search,
+        lambda: _search(store, rng, op_id, client, session_id, config),
+        writes,
+    )
+    time.sleep(rng.uniform(0, RACE_JITTER))
+    ops += _search(store, rng, f"{op_id}-s1", client, session_id, config)
+    return [*ops, *written.result()]
 
 
 def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operation:
@@ -819,7 +1072,8 @@ def final_reads(
     """Once the workload and the faults have stopped: read every key of every session on every
     node, twice (the first pass lets the cache tier replay what an outage left pending), and
     record the reads in ``history`` -- after healing, every read on every node must see the last
-    acknowledged write. With the search workload, then a search of every session once the
+    acknowledged write. The second pass pages through each register key's history too, and
+    reads each session's ``many`` keys by prefix. With the search workload, then a search of every session once the
     workload's TTLs have passed."""
     if isinstance(stores, MemoryStore):
         stores = [stores]
@@ -836,8 +1090,10 @@ def final_reads(
                 for family in families:
                     for key in config.keys_of(family):
                         op_id = f"final{round_}-{store.using}-{index}-{key}"
-                        if family == "log":
+                        if family in ("log", "sdk"):
                             op = _log_op(store, rng, op_id, "final", session_id, key)
+                        elif family == "adk":
+                            op = _adk_op(store, rng, op_id, "final", session_id, key)
                         elif family == "cp":
                             op = _checkpoint_op(store, rng, op_id, "final", session_id, key)
                             history.extend([op])
@@ -856,6 +1112,34 @@ def final_reads(
                                 store, op_id, "final", session_id, key, config, "recall", rng
                             )
                         history.extend([op])
+                        if family == "reg" and round_ == 2:
+                            # Its whole history, page after page: every key with more than a
+                            # page of versions is paged at least once per run.
+                            op = _one_op(
+                                store,
+                                f"{op_id}-history",
+                                "final",
+                                session_id,
+                                key,
+                                config,
+                                "history-read",
+                                rng,
+                            )
+                            history.extend([op])
+                    if family == "many" and round_ == 2:
+                        # Its keys by prefix: a session matched by prefix (its look-alikes
+                        # a% and a_ start with it) shows in every run, not only when a prefix
+                        # read happened to meet a look-alike's key.
+                        history.extend(
+                            _read_many(
+                                store,
+                                f"final2-{store.using}-{index}-prefix",
+                                "final",
+                                session_id,
+                                config,
+                                "prefix-read",
+                            )
+                        )
     if "search" in config.workloads:
         # Once every TTL written has passed (the workload wrote nothing after this point): a
         # search of each session must find none of the memories that expired meanwhile.

@@ -28,6 +28,7 @@ from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
 from .. import validation
+from ..defects import Defect
 from ..errors import InvalidMemory
 
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ class AgentMemorySession(SessionABC):
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the most recent item (None: the session is empty)."""
+        if Defect.SDK_POP_KEEPS_ITEM in self.store.defects:  # memcheck's self-test only
+            latest = await self.store.aread_log(self.session_id, self.stream, limit=1)
+            return latest[-1].value if latest else None
         popped = await self.store.apop(self.session_id, self.stream)
         return None if popped is None else popped.value
 
