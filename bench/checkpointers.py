@@ -6,9 +6,9 @@
 
 For each backend (SQLite: a file each; PostgreSQL: the same server and database) and each thread
 length (10 and 10,000 checkpoints): sequential ``put`` (extending the thread's latest checkpoint,
-one channel changed, as LangGraph's loop does), ``put_writes`` (3 writes of a new task),
-``get_tuple`` (the latest), ``list`` (the latest 10), and a whole graph step (``invoke`` of a
-one-node graph on the thread: load, run, save) -- ops/s, median of ``--repeats`` interleaved runs,
+four of its 10 channels changed, ~4 KB of state in all, as an agent's loop does), ``put_writes``
+(3 writes of a new task), ``get_tuple`` (the latest), ``list`` (the latest 10), and a whole graph
+step (``invoke`` of a one-node graph on the thread: load, run, save) -- ops/s, median of ``--repeats`` interleaved runs,
 and agentmemory's ratio to each peer in the same run (> 1: agentmemory is faster).
 
 And the race no throughput figure shows: two writers load one thread's latest checkpoint and both
@@ -105,17 +105,41 @@ def savers(alias: str, folder: Path) -> dict[str, Callable[[], BaseCheckpointSav
     return makers
 
 
+#: A realistic agent state: 10 channels, ~4 KB in all; each step changes the messages and three
+#: others (a 2-channel state hid what a read costs per channel: one blob each).
+CHANNELS = ("messages", *(f"slot{i}" for i in range(9)))
+CHANGED_PER_STEP = 4
+
+
+def value(channel: str, n: int) -> Any:
+    """The value of ``channel`` at step ``n``: the latest 10 turns, or ~300 bytes of notes."""
+    if channel == "messages":
+        return messages(n)
+    return {"step": n, "notes": f"{channel} at step {n}: " + "dolor sit amet " * 18}
+
+
+def changed(n: int) -> tuple[str, ...]:
+    """The channels step ``n`` writes: all at the first, then the messages and three others."""
+    if n == 0:
+        return CHANNELS
+    others = CHANNELS[1:]
+    return ("messages", *(others[(3 * n + i) % len(others)] for i in range(CHANGED_PER_STEP - 1)))
+
+
 def step(saver: BaseCheckpointSaver, loaded: dict[str, Any], n: int) -> dict[str, Any]:
-    """Put the checkpoint after ``loaded``: the messages channel changed, the others kept."""
+    """Put the checkpoint after ``loaded``: four channels changed, the others kept at the
+    versions ``loaded`` had."""
     checkpoint = empty_checkpoint()
-    version = saver.get_next_version(n, None)
-    checkpoint["channel_values"] = {"messages": messages(n), "user": "ada"}
-    checkpoint["channel_versions"] = {
-        "messages": version,
-        "user": saver.get_next_version(None, None),
-    }
-    new = {"messages": version} if n else dict(checkpoint["channel_versions"])
-    return saver.put(loaded, checkpoint, {"source": "loop", "step": n, "parents": {}}, new)
+    before = loaded.get("versions", {})
+    versions = {channel: before.get(channel) for channel in CHANNELS}
+    new = {}
+    for channel in changed(n) if before else CHANNELS:
+        versions[channel] = saver.get_next_version(versions[channel], None)
+        new[channel] = versions[channel]
+    checkpoint["channel_values"] = {channel: value(channel, n) for channel in new}
+    checkpoint["channel_versions"] = versions
+    config = saver.put(loaded, checkpoint, {"source": "loop", "step": n, "parents": {}}, new)
+    return {**config, "versions": versions}
 
 
 def filled(saver: BaseCheckpointSaver, size: int) -> tuple[str, dict[str, Any]]:
@@ -123,9 +147,15 @@ def filled(saver: BaseCheckpointSaver, size: int) -> tuple[str, dict[str, Any]]:
     thread = f"bench-{uuid.uuid4().hex[:10]}"
     config: dict[str, Any] = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
     for n in range(size):
-        loaded = saver.get_tuple(config) if n == 0 else None
-        config = step(saver, loaded.config if loaded else config, n)
-    return thread, saver.get_tuple(config).config
+        config = step(saver, config, n)
+    return thread, loaded(saver, config)
+
+
+def loaded(saver: BaseCheckpointSaver, config: dict[str, Any]) -> dict[str, Any]:
+    """The config of ``config``'s checkpoint as a graph's load gives it, with its channels'
+    versions (what :func:`step` extends)."""
+    found = saver.get_tuple(config)
+    return {**found.config, "versions": found.checkpoint["channel_versions"]}
 
 
 def measure(
@@ -133,7 +163,7 @@ def measure(
 ) -> dict[str, float]:
     figures = {}
     base = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    config = saver.get_tuple(base).config
+    config = loaded(saver, base)
     started = time.perf_counter()
     for n in range(calls):
         config = step(saver, config, 100_000 + n)
@@ -183,10 +213,10 @@ def race(saver: BaseCheckpointSaver, config: dict[str, Any]) -> list[Any]:
     outcomes: list[Any] = []
 
     def writer(i: int) -> None:
-        loaded = saver.get_tuple(config)
+        latest = loaded(saver, config)
         loaded_both.wait(timeout=30)
         try:
-            outcomes.append(step(saver, loaded.config, 1 + i))
+            outcomes.append(step(saver, latest, 1 + i))
         except CheckpointConflict as conflict:
             outcomes.append(conflict)
         finally:
@@ -277,8 +307,9 @@ def render(results: dict[str, Any]) -> str:
         "one thread already holding N checkpoints, each saver on the same database server as "
         "ours (SQLite: a file each); ops/s, and in parentheses agentmemory's ratio to that peer "
         "in the same run (> 1: agentmemory is faster). `put` extends the latest checkpoint with "
-        "one channel changed; `put_writes` saves 3 writes of a new task; `get_tuple` loads the "
-        "latest; `list` the latest 10; a graph step is one `invoke` of a one-node graph.",
+        "four of its 10 channels changed (~4 KB of state); `put_writes` saves 3 writes of a "
+        "new task; `get_tuple` loads the latest; `list` the latest 10; a graph step is one "
+        "`invoke` of a one-node graph.",
         "",
         f"Measured {results['when']} on {results['machine']}: {results['calls']} sequential "
         f"calls per figure, median of {results['repeats']}.",

@@ -155,7 +155,9 @@ def run_memcheck(*args: str) -> tuple[int, str]:
     return 0, out.getvalue()
 
 
-def rows_examined(statement: str, params: list, table: str, alias: str) -> int | None:
+def rows_examined(
+    statement: str, params: list, table: str, alias: str, *, loops: bool = False
+) -> int | None:
     """How many rows of ``table`` (``alias`` in the statement) the database read to answer
     ``statement`` (PostgreSQL: the rows its scans of the table returned or filtered out;
     MariaDB: ``r_rows``); None where it cannot say (SQLite: the plan is checked instead -- no
@@ -167,10 +169,14 @@ def rows_examined(statement: str, params: list, table: str, alias: str) -> int |
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
             plan = cursor.fetchone()[0]
             plan = json.loads(plan) if isinstance(plan, str) else plan
+            # ``loops``: each scan's rows times its loops (a lookup repeated per outer row).
             return sum(
-                node.get("Actual Rows", 0)
-                + node.get("Rows Removed by Filter", 0)
-                + node.get("Rows Removed by Index Recheck", 0)
+                (
+                    node.get("Actual Rows", 0)
+                    + node.get("Rows Removed by Filter", 0)
+                    + node.get("Rows Removed by Index Recheck", 0)
+                )
+                * (node.get("Actual Loops", 1) if loops else 1)
                 for node in _nodes(plan[0]["Plan"])
                 if node.get("Relation Name") == table
             )

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentmemory.checkpoints import _get_statement, _page_statement, _statements
-from agentmemory.models import Checkpoint, CheckpointThread
+from agentmemory.checkpoints import (
+    WHOLE_READS,
+    _get_statement,
+    _page_statement,
+    _statements,
+    _whole_statement,
+)
+from agentmemory.models import Checkpoint, CheckpointBlob, CheckpointThread
 
 from .helpers import analyze, rows_examined
 
@@ -118,3 +125,89 @@ def test_a_page_of_many_checkpoints_with_many_channels_reads_every_blob_and_writ
         n = int(found.checkpoint_id)
         assert found.blobs == {f"ch{c}": ("json", f'"{n}.{c}"'.encode()) for c in range(6)}
         assert [w.task_id for w in found.writes] == ["task"]
+
+
+def chain_of(thread: str, length: int, channels: int, changed: int) -> None:
+    """A chain of ``length`` checkpoints of ``channels`` channels, ``changed`` of them new at
+    each step after the first (a blob each), with a pending write per checkpoint."""
+    from agentmemory import MemoryStore
+    from agentmemory.checkpoints import NewBlob
+
+    chains = MemoryStore(cache=None).checkpoints
+    versions = {f"ch{c}": "0" for c in range(channels)}
+    parent = None
+    for n in range(length):
+        new = list(versions) if n == 0 else [f"ch{(n + c) % channels}" for c in range(changed)]
+        for channel in new:
+            versions[channel] = str(n)
+        chains.put(
+            thread,
+            "",
+            f"{n:06d}",
+            parent,
+            expect=None,
+            checkpoint=("json", b"{}"),
+            metadata=("json", b"{}"),
+            run_id=None,
+            versions=dict(versions),
+            blobs=[NewBlob(c, versions[c], ("json", f'"{c}@{n}"'.encode())) for c in new],
+        )
+        chains.put_writes(thread, "", f"{n:06d}", "task", "", [(0, "ch0", ("json", b"1"))])
+        parent = f"{n:06d}"
+
+
+def test_a_read_is_one_statement_of_one_text_whatever_the_channels():
+    """``get`` and ``page`` on PostgreSQL and SQLite: one statement, the same text for a thread
+    of 2 channels and one of 12 -- planned once, cached by the driver (a branch per blob made
+    a ``list(10)`` of 10 channels 110 branches, planned on every call). The MySQL family: the
+    checkpoints, then their blobs and writes, in statements that grow with them."""
+    from agentmemory import MemoryStore
+
+    chains = MemoryStore(cache=None).checkpoints
+    texts = []
+    for thread, channels in (("narrow", 2), ("wide", 12)):
+        chain_of(thread, 12, channels, 2)
+        for read in (
+            lambda: chains.get(thread, "", None),  # noqa: B023
+            lambda: chains.page(thread, "", None, None, None, 10),  # noqa: B023
+        ):
+            with CaptureQueriesContext(connection) as queries:
+                found = read()
+            assert found
+            texts.append([q["sql"] for q in queries.captured_queries])
+    if connection.vendor not in WHOLE_READS:
+        # The blobs' branches: a statement per hundred keys (120 blobs of the wide page: two).
+        assert [len(t) for t in texts] == [2, 2, 2, 3], texts
+    else:
+        assert [len(t) for t in texts] == [1] * 4, texts
+
+        # Parameters are printed into the logged SQL: compare the statements' shapes.
+        def shape(text: str) -> str:
+            return text.replace("narrow", "wide")
+
+        assert shape(texts[0][0]) == shape(texts[2][0])
+        assert shape(texts[1][0]) == shape(texts[3][0])
+
+
+def test_a_page_looks_each_blob_up_on_a_table_grown_past_its_statistics():
+    """The blobs of a page of 10 checkpoints of 6 channels -- in a thread of 300 checkpoints
+    that wrote 1,800 blobs, never analyzed -- are read by one index lookup each: about 60 blob
+    rows, never every blob of the thread per checkpoint (PostgreSQL hashed them all when the
+    blobs were joined)."""
+    if connection.vendor not in WHOLE_READS:
+        pytest.skip("the MySQL family reads each blob by a branch of its own: an exact lookup")
+    chain_of("t", 300, 6, 6)
+    head = CheckpointThread.objects.get(thread_id="t").pk
+    assert CheckpointBlob.objects.filter(thread_id=head).count() == 1800
+    statement = _whole_statement(
+        connection.vendor,
+        _page_statement(connection.vendor, True, True, False, False, False),
+        False,
+    )
+    read = rows_examined(statement, ["t", "", 10], CheckpointBlob._meta.db_table, "b", loops=True)
+    assert read is None or read <= 60, f"{read} blob rows read for 60 blobs"
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN QUERY PLAN " + statement, ["t", "", 10])
+            plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+        assert "(thread_id=? AND channel=? AND version=?)" in plan, plan
