@@ -7,6 +7,7 @@ that shows each scenario does serve the older version without the protection."""
 from __future__ import annotations
 
 import shutil
+import socket
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from django.core.cache import caches
 
 from agentmemory import MemoryStore
 from agentmemory.cache import entry_version
+from agentmemory.consistency import redis_servers
 from agentmemory.consistency.redis_servers import RedisServer, SentinelGroup
 from agentmemory.defects import Defect
 from project.settings import redis_cache
@@ -206,3 +208,41 @@ def test_a_writer_killed_between_its_commit_and_its_redis_update(settings, prote
         assert seen == {"v2"}
     else:
         assert "v1" in seen  # the test bites: an unprotected tier serves the older version
+
+
+# The servers above are the suite's and memcheck's own, on ports chosen free. A chosen port can
+# be taken before the server binds it (by another lane's server, or by the kernel handing one port
+# to two probes: a CI run lost a sentinel group that way). ``free_port`` is the seam: it is told
+# to hand out a taken port.
+
+
+def test_a_server_whose_chosen_port_is_taken_starts_on_another(tmp_path, monkeypatch):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        handed = iter([taken])
+        real = redis_servers.free_port
+        monkeypatch.setattr(redis_servers, "free_port", lambda: next(handed, None) or real())
+        with RedisServer(tmp_path) as server:
+            assert server.port != taken
+            assert server.client().info()["process_id"] == server.process.pid
+
+
+def test_a_sentinel_group_told_one_port_twice_starts_every_sentinel_on_its_own(
+    tmp_path, monkeypatch
+):
+    real, handed = redis_servers.free_port, []
+
+    def once_twice():  # primary, replica, sentinel0, sentinel1, sentinel2 = sentinel1's port
+        port = handed[-1] if len(handed) == 4 else real()
+        handed.append(port)
+        return port
+
+    monkeypatch.setattr(redis_servers, "free_port", once_twice)
+    with SentinelGroup(tmp_path) as group:
+        assert handed[3] == handed[4]  # the seam did hand one port out twice
+        assert len(set(group.sentinel_ports)) == 3
+        pids = {group.sentinel_client(i).info("server")["process_id"] for i in range(3)}
+        assert pids == {process.pid for process in group.sentinels}
+        assert group.primary_port() == group.primary.port

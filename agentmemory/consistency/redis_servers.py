@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,54 @@ AFTER_SNAPSHOT_SECONDS = 1.0
 #: timeout: the deadline covers one of each.
 WAIT_SECONDS = 90.0
 FAILOVER_TIMEOUT_MS = 5000
+#: How many ports a server of ours tries when the one it chose was taken before it could bind it
+#: (by another process's server, or an outgoing connection's local port).
+PORT_ATTEMPTS = 5
+
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port nothing is bound to now and that this process never handed out before:
+    the kernel may give the same free port to two probes in a row, and a group's five servers
+    must not be told one port twice. Another process may still take it before our server binds
+    it: the servers here then start again on another (:data:`PORT_ATTEMPTS`)."""
+    with _handing_out:
+        while True:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = int(probe.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+
+
+class PortTaken(RuntimeError):
+    """Our server could not bind the port chosen for it: something else has it."""
+
+
+def _bind_failed(log: Path, offset: int) -> bool:
+    """Whether a Redis that exited said, in its log past ``offset``, that its port was taken."""
+    if not log.exists():
+        return False
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        return b"Address already in use" in handle.read()
+
+
+def _probe(port: int) -> Any:
+    """A client that gives up at once: a port held by a socket that never answers (another
+    process's) must not hold a wait past the moment our server exits."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 class RedisServer:
@@ -56,6 +99,9 @@ class RedisServer:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        # A port we chose may be chosen again if it turns out taken, until the server first ran:
+        # a restart must come back on the port its clients know.
+        self._may_move = port is None
         self.appendonly = appendonly
         self.replica_of = replica_of
         self.extra = extra  # more redis-server arguments ("--maxmemory", "2mb", ...)
@@ -71,6 +117,21 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
     def start(self) -> RedisServer:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start()
+            except PortTaken:
+                if not self._may_move or attempt == PORT_ATTEMPTS:
+                    raise
+                self.port = free_port()
+            else:
+                self._may_move = False
+                return self
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
+        log = self.directory / "redis.log"
+        offset = _size(log)
         args = [
             REDIS_SERVER,
             "--port", str(self.port),
@@ -79,7 +140,7 @@ class RedisServer:
             "--save", "",  # snapshots only when asked (save())
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
-            "--logfile", str(self.directory / "redis.log"),
+            "--logfile", str(log),
         ]  # fmt: skip
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
@@ -87,26 +148,34 @@ class RedisServer:
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        self.wait_ready()
-        return self
+        try:
+            self.wait_ready()
+        except RuntimeError:
+            self.kill()
+            if _bind_failed(log, offset):
+                raise PortTaken(f"127.0.0.1:{self.port} is taken") from None
+            raise
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> None:
         """Until the server answers and has loaded its data set."""
         import redis
 
+        probe = _probe(self.port)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"redis-server on {self.port} exited: see {self.directory}")
+            if time.monotonic() >= deadline:
+                break
             try:
-                info = self.client().info()
+                info = probe.info()
             except redis.RedisError:
                 info = None
             if info is not None and self.process is not None:
                 # Ours, not another process on a port that was free when we chose it (another
                 # run's server would answer until ours found the port taken and exited).
                 if info["process_id"] != self.process.pid:
-                    raise RuntimeError(
+                    raise PortTaken(
                         f"another Redis (pid {info['process_id']}) answers on {self.port}"
                     )
                 if not info["loading"]:
@@ -167,10 +236,23 @@ class SentinelGroup:
 
     def start(self) -> SentinelGroup:
         self.primary.start()
+        self.replica.replica_of = self.primary.port  # the primary's port may have moved
         self.replica.start()
-        for index, port in enumerate(self.sentinel_ports):
-            folder = self.directory / f"sentinel{index}"
-            folder.mkdir(parents=True, exist_ok=True)
+        for index in range(len(self.sentinel_ports)):
+            self.sentinels.append(self._start_sentinel(index))
+        self.wait_until(
+            lambda: self._in_sync(self.primary, self.replica) and self._sentinels_see_each_other()
+        )
+        return self
+
+    def _start_sentinel(self, index: int) -> subprocess.Popen:
+        """Sentinel ``index``, answering on its port -- on another one if the port chosen for it
+        was taken before it could bind it."""
+        folder = self.directory / f"sentinel{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "log"
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port, offset = self.sentinel_ports[index], _size(log)
             config = folder / "sentinel.conf"
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
@@ -178,18 +260,40 @@ class SentinelGroup:
                 f"sentinel down-after-milliseconds {self.NAME} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.NAME} {FAILOVER_TIMEOUT_MS}\n"
             )
-            self.sentinels.append(
-                subprocess.Popen(
-                    [REDIS_SERVER, str(config), "--sentinel", "--logfile", str(folder / "log")],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            process = subprocess.Popen(
+                [REDIS_SERVER, str(config), "--sentinel", "--logfile", str(log)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
-        self.wait_until(
-            lambda: self._in_sync(self.primary, self.replica) and self._sentinels_see_each_other()
-        )
-        return self
+            answer = self._answer(index, process)
+            if answer == "ours":
+                return process
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            taken = answer == "another" or _bind_failed(log, offset)
+            if not taken or attempt == PORT_ATTEMPTS:
+                break
+            self.sentinel_ports[index] = free_port()
+        raise RuntimeError(f"sentinel{index} did not start: see {log}\n" + self.logs())
+
+    def _answer(self, index: int, process: subprocess.Popen) -> str:
+        """Who answers on sentinel ``index``'s port: ``"ours"`` (``process``), ``"another"``
+        server that holds the port, or ``"nobody"`` (``process`` exited or never answered)."""
+        import redis
+
+        probe = _probe(self.sentinel_ports[index])
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                pid = probe.info("server")["process_id"]
+            except redis.RedisError:
+                pid = None
+            if pid is not None:
+                return "ours" if pid == process.pid else "another"
+            time.sleep(0.02)
+        return "nobody"
 
     def sentinel_client(self, index: int = 0) -> Any:
         import redis
