@@ -32,16 +32,26 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models import Q
 
 from . import clock, sql
 from .defects import NONE as NO_DEFECTS
-from .defects import Defect, Defects, failpoint_before_checkpoint
-from .errors import CheckpointConflict
+from .defects import (
+    Defect,
+    Defects,
+    failpoint_autocommit_answer,
+    failpoint_before_checkpoint,
+)
+from .errors import CheckpointConflict, MemoryUnavailable
 from .models import Checkpoint, CheckpointBlob, CheckpointThread, CheckpointWrite
 from .retries import Retrier
-from .vendors import locked_or_created, statement_batches
+from .vendors import (
+    CREATE_ATTEMPTS,
+    locked_or_created,
+    raises_synchronous_commit,
+    statement_batches,
+)
 from .writes import one_write_at_a_time
 
 #: A serializer's output: ``(type, bytes)`` as LangGraph's ``dumps_typed`` returns it.
@@ -55,6 +65,17 @@ PAGE = 100
 UNLOCKED_GAP_SECONDS = 0.2
 #: The most keys of each kind (blobs, checkpoints' writes) one read of their rows asks for.
 BRANCHES = 100
+#: The SQLSTATEs of PostgreSQL's put functions (migration 0012): a conflict (the message is the
+#: chain's latest checkpoint id), a head erased each time the write created it.
+CONFLICT_STATE, ERASED_STATE = "AMCP1", "AMCP2"
+PUT_CALL = (
+    "SELECT agentmemory_put_checkpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, "
+    "%s::text[], %s::text[], %s::text[], %s::bytea[])"
+)
+PUT_WRITES_CALL = (
+    "SELECT agentmemory_put_writes(%s, %s, %s, %s, %s, %s, %s::bigint[], %s::text[], "
+    "%s::text[], %s::bytea[])"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,20 @@ class CheckpointPath:
         or start from the one named, else :class:`CheckpointConflict` and nothing is written.
         A parentless put is a new root and never conflicts."""
         failpoint_before_checkpoint()
+        if self._by_function():
+            now = clock.now()
+            at = connections[self.using].ops.adapt_datetimefield_value(now)
+            params = [thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, expect]
+            params += [*checkpoint, *metadata, run_id, sql.encode_json(versions), at]
+            params += _columns(
+                [(b.channel, b.version, *(b.value or ("empty", None))) for b in blobs], 4
+            )
+            call = PUT_CALL
+            if Defect.PUT_FUNCTION_FORKS in self.defects:  # its declared seam: a broken copy
+                call = call.replace("put_checkpoint(", "put_checkpoint_selftest_forks(")
+            with one_write_at_a_time(self.using):
+                self._call(call, params, thread_id, checkpoint_ns, parent_checkpoint_id)
+            return
         observed = None if self.row_lock else self._latest_unlocked(thread_id, checkpoint_ns)
 
         def attempt(_retry: bool) -> None:
@@ -179,7 +214,16 @@ class CheckpointPath:
         if len(writes) > 1 and Defect.LOST_PENDING_WRITE in self.defects:
             writes = writes[:-1]
         plain = [w for w in writes if w[0] >= 0]
-        special = [w for w in writes if w[0] < 0]
+        # A special write replaces the one of its index: of two in one call, the last (as
+        # PostgresSaver's one upsert per write); one statement cannot update a row twice.
+        special = list({w[0]: w for w in writes if w[0] < 0}.values())
+        if self._by_function():
+            at = connections[self.using].ops.adapt_datetimefield_value(clock.now())
+            rows = [(idx, channel, kind, data) for idx, channel, (kind, data) in plain + special]
+            params = [thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, at]
+            with one_write_at_a_time(self.using):
+                self._call(PUT_WRITES_CALL, params + _columns(rows, 4), thread_id, checkpoint_ns)
+            return
 
         def attempt(_retry: bool) -> None:
             head = self._lock(thread_id, checkpoint_ns, clock.now())
@@ -340,6 +384,53 @@ class CheckpointPath:
 
     def _run(self, statement: str, params: Sequence[Any]) -> list[Any]:
         return list(sql.run(connections[self.using], statement, params))
+
+    def _by_function(self) -> bool:
+        """Whether a put goes by PostgreSQL's function (migration 0012): one round trip. Not
+        with the unsafe seam (its unlocked read must come before the write)."""
+        return self.row_lock and connections[self.using].vendor == "postgresql"
+
+    def _call(
+        self,
+        call: str,
+        params: list[Any],
+        thread_id: str,
+        checkpoint_ns: str,
+        parent: str | None = None,
+    ) -> None:
+        """One call of a put function: in autocommit, a statement that commits by itself (one
+        round trip); inside a caller's transaction or with a durable COMMIT to ask for (``SET
+        LOCAL``), in a transaction (a savepoint in the caller's) that a conflict rolls back."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+
+        def attempt(_retry: bool) -> None:
+            try:
+                self._run(call, params)
+            except DatabaseError as error:
+                state = getattr(error.__cause__, "sqlstate", None)
+                if state == CONFLICT_STATE:
+                    latest = error.__cause__.diag.message_primary or None  # type: ignore[union-attr]
+                    assert parent is not None
+                    raise CheckpointConflict(
+                        thread_id, checkpoint_ns, parent=parent, latest=latest
+                    ) from None
+                if state == ERASED_STATE:
+                    raise MemoryUnavailable(
+                        f"a checkpoint thread row was erased {CREATE_ATTEMPTS} times while this "
+                        "write created it; nothing was written",
+                        attempts=CREATE_ATTEMPTS,
+                    ) from None
+                raise
+
+        def autocommitted(retry: bool) -> None:
+            attempt(retry)
+            failpoint_autocommit_answer()  # stored, and the answer lost (a retry rewrites it)
+
+        if connection.in_atomic_block or raises_synchronous_commit(connection):
+            self.retrier.atomic(attempt, connection)
+        else:
+            self.retrier.run(autocommitted, connection)
 
     def _statements(self) -> _Statements:
         return _statements(connections[self.using].vendor)
@@ -568,6 +659,11 @@ ROW = (
     "metadata",
     "channel_versions",
 )
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """``rows`` as ``width`` parallel lists: a function's array parameters (``unnest``)."""
+    return [[row[i] for row in rows] for i in range(width)]
 
 
 @dataclass(frozen=True)

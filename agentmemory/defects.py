@@ -61,6 +61,7 @@ class Defect(StrEnum):
     LIST_SKIPS_NEWEST = "list-skips-newest-checkpoint"
     DELETE_LEAVES_LATEST = "delete-leaves-checkpoint"
     UPSERT_SKIPS_HISTORY = "upsert-skips-history"
+    PUT_FUNCTION_FORKS = "checkpoint-function-forks"
     RESTORE_UNSEEN = "restore-unseen"
     ORM_UNSEEN = "orm-write-unseen"
     VERSION_READ_IGNORES_EXPIRY = "version-read-ignores-expiry"
@@ -112,6 +113,9 @@ DESCRIPTIONS = {
     Defect.DELETE_LEAVES_LATEST: "delete_thread deletes every checkpoint but the latest",
     Defect.UPSERT_SKIPS_HISTORY: "PostgreSQL's one-statement write function (agentmemory_upsert) "
     "inserts no history version when it overwrites a memory",
+    Defect.PUT_FUNCTION_FORKS: "PostgreSQL's checkpoint put function "
+    "(agentmemory_put_checkpoint) stores a put whose parent is no longer the chain's latest "
+    "checkpoint: a silent fork",
     Defect.RESTORE_UNSEEN: "the fence renewal does not check whether the database went back in "
     "time (a restore): the tier keeps what the database lost",
     Defect.ORM_UNSEEN: "an ORM write of memories (a queryset delete() or update()) does not drop "
@@ -179,6 +183,7 @@ CHECKPOINT_DEFECTS = frozenset(
         Defect.STALE_CHECKPOINT_READ,
         Defect.LIST_SKIPS_NEWEST,
         Defect.DELETE_LEAVES_LATEST,
+        Defect.PUT_FUNCTION_FORKS,
     }
 )
 

@@ -189,6 +189,52 @@ def test_a_read_is_one_statement_of_one_text_whatever_the_channels():
         assert shape(texts[1][0]) == shape(texts[3][0])
 
 
+def test_a_put_is_one_round_trip_on_postgresql_whatever_the_channels():
+    """``put`` (new, then the same id again) and ``put_writes`` (plain and special writes): on
+    PostgreSQL one statement each, a call of its function that commits by itself (migration
+    0012; it was BEGIN, the head's lock, the probe, the blobs, the insert, COMMIT). Elsewhere one
+    transaction whose statements do not grow with the channels."""
+    from agentmemory import MemoryStore
+    from agentmemory.checkpoints import NewBlob
+
+    chains = MemoryStore(cache=None).checkpoints
+    calls = {}
+    for channels in (2, 12):
+        thread, texts = f"t{channels}", []
+        for n, parent in ((0, None), (1, "000000"), (1, "000000")):
+            with CaptureQueriesContext(connection) as queries:
+                chains.put(
+                    thread,
+                    "",
+                    f"{n:06d}",
+                    parent,
+                    expect=parent,
+                    checkpoint=("json", b"{}"),
+                    metadata=("json", b"{}"),
+                    run_id=None,
+                    versions={f"c{c}": str(n) for c in range(channels)},
+                    blobs=[NewBlob(f"c{c}", str(n), ("json", b"1")) for c in range(channels)],
+                )
+            texts.append([q["sql"] for q in queries.captured_queries])
+        writes = [(i, f"c{i}", ("json", b"1")) for i in range(channels)]
+        with CaptureQueriesContext(connection) as queries:
+            chains.put_writes(thread, "", "000001", "task", "", [*writes, (-1, "e", ("j", b""))])
+        texts.append([q["sql"] for q in queries.captured_queries])
+        calls[channels] = [
+            [t for t in statements if "max_allowed_packet" not in t]  # once per connection
+            for statements in texts
+        ]
+        assert len(chains.get(thread, "", None).writes) == channels + 1
+    if connection.vendor == "postgresql":
+        for statements in calls[2] + calls[12]:
+            assert len(statements) == 1, statements
+            assert statements[0].startswith("SELECT agentmemory_put_")
+    else:
+        assert [len(s) for s in calls[2]] == [len(s) for s in calls[12]]
+        for statements in calls[2] + calls[12]:
+            assert statements[0].startswith("BEGIN") and statements[-1] == "COMMIT"
+
+
 def test_a_page_looks_each_blob_up_on_a_table_grown_past_its_statistics():
     """The blobs of a page of 10 checkpoints of 6 channels -- in a thread of 300 checkpoints
     that wrote 1,800 blobs, never analyzed -- are read by one index lookup each: about 60 blob
@@ -211,3 +257,20 @@ def test_a_page_looks_each_blob_up_on_a_table_grown_past_its_statistics():
             cursor.execute("EXPLAIN QUERY PLAN " + statement, ["t", "", 10])
             plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
         assert "(thread_id=? AND channel=? AND version=?)" in plan, plan
+
+
+def test_two_special_writes_of_one_index_in_one_call_keep_the_last():
+    """Two interrupts of one task in one ``put_writes`` (index -3 both): the last is kept, as
+    PostgresSaver's upsert per write keeps it. PostgreSQL refused the call before ("ON CONFLICT
+    DO UPDATE command cannot affect row a second time"); a plain index keeps its first."""
+    from agentmemory import MemoryStore
+
+    chains = MemoryStore(cache=None).checkpoints
+    chain_of("t", 1, 1, 1)
+    writes = [(-3, "__interrupt__", ("json", b"1")), (-3, "__interrupt__", ("json", b"2"))]
+    writes += [(0, "a", ("json", b"first")), (0, "a", ("json", b"second"))]
+    chains.put_writes("t", "", "000000", "other", "", writes)
+    found = chains.get("t", "", None)
+    kept = {(w.task_id, w.idx): w.value for w in found.writes}
+    assert kept[("other", -3)] == ("json", b"2")
+    assert kept[("other", 0)] == ("json", b"first")

@@ -144,10 +144,12 @@ def test_the_self_test_catches_every_variant_on_this_backend(settings):
         Defect.NOT_RETRIED,
         Defect.SERVER_ID_KEPT,
         Defect.UPSERT_SKIPS_HISTORY,
+        Defect.PUT_FUNCTION_FORKS,
     }
     assert "--faults cache" in outcomes[Defect.SERVER_ID_KEPT.value]["reason"]
     # The write function's own seam: on PostgreSQL, where the function is, it is caught.
     assert (Defect.UPSERT_SKIPS_HISTORY in applicable) == postgres
+    assert (Defect.PUT_FUNCTION_FORKS in applicable) == postgres
     if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         assert Defect.NOT_RETRIED not in applicable
     else:

@@ -132,6 +132,8 @@ def not_applicable(
         return "no database fault runs here (the database is not on this machine)"
     if defect is Defect.UPSERT_SKIPS_HISTORY and vendor != "postgresql":
         return "the one-statement write function is PostgreSQL's (migration 0008)"
+    if defect is Defect.PUT_FUNCTION_FORKS and vendor != "postgresql":
+        return "the checkpoint put function is PostgreSQL's (migration 0012)"
     if defect is Defect.NOT_RETRIED:
         if vendor == "sqlite":
             return (
