@@ -23,6 +23,7 @@ an event, never by a sleep. Points no hold is armed at cost one dictionary looku
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -228,24 +229,39 @@ class InjectedFailure(Exception):
     """Raised by a multi-key write inside :func:`fail_after_first_key`, after its first key."""
 
 
-_armed = threading.local()
+#: Each failpoint's flag: a context variable, so that a failpoint armed by a caller fires in the
+#: store calls it makes -- on its own thread, or on the pool thread an async call runs on (which
+#: runs in a copy of the caller's context, :func:`agentmemory.aio.run`) -- and nowhere else (a
+#: new thread starts with a context of its own).
+_armed: dict[str, contextvars.ContextVar[bool]] = {}
+
+
+def _flag(failpoint: str) -> contextvars.ContextVar[bool]:
+    flag = _armed.get(failpoint)
+    if flag is None:  # setdefault: two threads creating it keep one
+        flag = _armed.setdefault(
+            failpoint, contextvars.ContextVar(f"agentmemory_{failpoint}", default=False)
+        )
+    return flag
 
 
 @contextmanager
 def _arming(failpoint: str) -> Iterator[None]:
-    """Arm ``failpoint`` for this thread inside the block (it fires once, at most)."""
-    setattr(_armed, failpoint, True)
+    """Arm ``failpoint`` for this context inside the block (it fires once, at most)."""
+    flag = _flag(failpoint)
+    flag.set(True)
     try:
         yield
     finally:
-        setattr(_armed, failpoint, False)
+        flag.set(False)
 
 
 def _fires(failpoint: str) -> bool:
-    """Whether ``failpoint`` is armed on this thread; it is disarmed by firing."""
-    if not getattr(_armed, failpoint, False):
+    """Whether ``failpoint`` is armed in this context; it is disarmed by firing."""
+    flag = _flag(failpoint)
+    if not flag.get():
         return False
-    setattr(_armed, failpoint, False)
+    flag.set(False)
     return True
 
 
@@ -396,7 +412,7 @@ def crash_next_write(match: Callable[[str, Iterable[str]], bool], timeout: float
 def failpoint_before_commit(session_id: str, versions: dict[str, int]) -> None:
     """Called by the write path after its tombstones went to Redis, before its COMMIT."""
     if _stop_at("commit", session_id, versions) is not None:
-        _armed.crash = True
+        _flag("crash").set(True)
 
 
 def hold_next_fill(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:

@@ -483,3 +483,34 @@ def test_the_memory_service_needs_the_semantic_index():
         adk.AgentMemoryMemoryService(MemoryStore(cache=None))
     with pytest.raises(InvalidMemory, match="memory_id"):
         run(memory_service().delete_memory(app_name="app", user_id="u"))
+
+
+def test_a_create_and_an_append_whose_commit_answer_was_lost_are_stored_once():
+    """The server committed, the client saw a dropped connection (``lose_commit_answer``): the
+    retry finds the session's head written under the call's idempotency key and writes nothing
+    more -- each state key once, the event once (the state keys carry no key of their own)."""
+    from agentmemory.defects import lose_commit_answer
+
+    service = AgentMemorySessionService()
+    store = service.store
+
+    async def scenario() -> None:
+        state = {"k": 1, "app:a": 1, "user:b": 1}
+        with lose_commit_answer():
+            session = await service.create_session(
+                app_name="app", user_id="u", session_id="s", state=state
+            )
+        assert session.state == state
+        once = event("once", {"k": 2, "user:b": 2})
+        with lose_commit_answer():
+            await service.append_event(session, once)
+        stored = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert [e.id for e in stored.events] == [once.id]
+        assert stored.state == {"k": 2, "app:a": 1, "user:b": 2}
+
+    run(scenario())
+    versions = {
+        owner: {k: [v.version for v in store.history(owner, k)] for k in store.recall_many(owner)}
+        for owner in (adk._session("app", "u", "s"), adk._app("app"), adk._user("app", "u"))
+    }
+    assert list(versions.values()) == [{"k": [1, 2]}, {"a": [1]}, {"b": [1, 2]}]

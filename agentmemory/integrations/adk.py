@@ -149,22 +149,23 @@ class AgentMemorySessionService(BaseSessionService):
         now = time.time()
         request = "c:" + uuid.uuid4().hex  # one per call: a retry of this call finds its writes
 
-        def attempt(_retry: bool) -> int:
+        def attempt(_retry: bool) -> tuple[int, dict[str, Any] | None]:
             try:
                 head = self.store.remember(
                     listing, key, {"update_time": now}, expected_version=0, idempotency_key=request
                 )
             except VersionConflict:
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
-            self._write_state(app_name, user_id, session_id, scoped, request)
-            return head.version
+            if head.replayed:  # its state was committed with it: written once, read below
+                return head.version, None
+            return head.version, self._write_state(app_name, user_id, session_id, scoped)
 
-        revision = self._retrier.atomic(attempt)
+        revision, own = self._retrier.atomic(attempt)
         session = Session(
             id=session_id,
             app_name=app_name,
             user_id=user_id,
-            state=self._merged(app_name, user_id, session_id),
+            state=self._merged(app_name, user_id, session_id, own),
             last_update_time=now,
         )
         session._storage_update_marker = str(revision)
@@ -252,37 +253,51 @@ class AgentMemorySessionService(BaseSessionService):
                 if conflict.actual == 0:
                     raise SessionNotFoundError(f"Session {session_id} not found.") from None
                 raise StaleSessionError(_STALE) from None
+            if head.replayed:
+                # Stored before, with its state delta and its event in the same transaction:
+                # nothing more to write (and nothing to look up by idempotency key).
+                return head.version, True
             if Defect.ADK_DROPS_STATE_DELTA not in self.store.defects:  # the self-test's seam
-                self._write_state(app_name, user_id, session_id, scoped, request)
-            self.store.append(
-                _session(app_name, user_id, session_id), EVENTS, [document], idempotency_key=request
-            )
-            return head.version, head.replayed
+                self._write_state(app_name, user_id, session_id, scoped)
+            self.store.append(_session(app_name, user_id, session_id), EVENTS, [document])
+            return head.version, False
 
         return self._retrier.atomic(attempt)
 
     # ------------------------------------------------------------------ helpers
 
     def _write_state(
-        self, app_name: str, user_id: str, session_id: str, scoped: dict, request: str
-    ) -> None:
-        """Each key of each scope as a memory of its own (one version per change, the call's
-        idempotency key on each: a retried call writes none of them again)."""
+        self, app_name: str, user_id: str, session_id: str, scoped: dict[str, dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Each key of each scope as a memory of its own (one version per change), a scope's
+        keys in one call. Only inside the transaction that wrote the session's head under the
+        call's idempotency key, and only when that write was not a replay: a retried call finds
+        the head and writes none of them again, so these need no key of their own (and each is
+        one statement where the database has the one-statement write). Returns the session's
+        own keys as stored."""
         owners = {
             "app": _app(app_name),
             "user": _user(app_name, user_id),
             "session": _session(app_name, user_id, session_id),
         }
+        own: dict[str, Any] = {}
         for scope, values in scoped.items():
-            for name, value in values.items():
-                self.store.remember(owners[scope], name, value, idempotency_key=request)
+            if values:
+                records = self.store.remember_many(owners[scope], values)
+                if scope == "session":
+                    own = {name: record.value for name, record in records.items()}
+        return own
 
     def _state(self, owner: str) -> dict[str, Any]:
         return {key: record.value for key, record in self.store.recall_many(owner).items()}
 
-    def _merged(self, app_name: str, user_id: str, session_id: str) -> dict[str, Any]:
-        """The session's state as ADK shows it: its own keys, then ``app:`` and ``user:``."""
-        merged = self._state(_session(app_name, user_id, session_id))
+    def _merged(
+        self, app_name: str, user_id: str, session_id: str, own: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The session's state as ADK shows it: its own keys, then ``app:`` and ``user:``.
+        ``own``: the session's keys when the caller knows them (a session it just created:
+        what it wrote is all there is)."""
+        merged = self._state(_session(app_name, user_id, session_id)) if own is None else own
         for key, value in self._state(_app(app_name)).items():
             merged[State.APP_PREFIX + key] = value
         for key, value in self._state(_user(app_name, user_id)).items():
