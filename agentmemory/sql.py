@@ -128,8 +128,16 @@ class Statements:
     # PostgreSQL: update_row and insert_version in one statement (the locked path under its row
     # lock: one round trip fewer while other writers of the key wait). None elsewhere.
     append: str | None = None
-    # Whether blind_write/upsert_write insert the history version themselves (PostgreSQL).
+    # Whether blind_write/upsert_write/create_write insert the history version themselves
+    # (PostgreSQL).
     history_in_statement: bool = False
+    # A write with expected_version=0 ("only if there is no such memory") of a key that has no
+    # row: the row inserted at version 1, or nothing when a row exists (then the locked path
+    # decides: a conflict, a forgotten key coming back, a replay). Where blind_write exists;
+    # PostgreSQL inserts the history version in the same statement. Parameters: session_id,
+    # key, value, created_at, updated_at, expires_at, embedding, embedding_key (PostgreSQL: then
+    # value, created_at, expires_at, request_id, embedding).
+    create_write: str | None = None
 
     def read_keys(self, count: int) -> str:
         """The rows of ``count`` keys of one session, whatever their state (parameters: the
@@ -256,6 +264,16 @@ def build_statements(
     )
     # A data-modifying WITH runs to completion whether or not the main statement reads it.
     append = f"WITH upd AS ({update_row}) {insert_version}" if vendor == "postgresql" else None
+    create_write = None
+    if blind_write is not None:
+        create_write = (
+            f"INSERT INTO {memory} (session_id, {quote_key}, value, version, state, created_at, "
+            "updated_at, expires_at, history_from, embedding, embedding_key) "
+            f"VALUES (%s, %s, {json_param}, 1, 'live', %s, %s, %s, 1, %s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING id, version, created_at"
+        )
+        if vendor == "postgresql":
+            create_write = f"WITH upd AS ({create_write}), {history}"
     columns = f"id, session_id, {quote_key}, version, state, value, created_at, expires_at"
     where = f"WHERE session_id = %s AND {quote_key} = %s"
     plain = f"SELECT {columns} FROM {memory} {where}"
@@ -271,6 +289,7 @@ def build_statements(
         upsert_write=upsert_write,
         append=append,
         history_in_statement=vendor == "postgresql",
+        create_write=create_write,
     )
 
 

@@ -285,6 +285,13 @@ class WritePath:
             if record is not None:
                 updates[key] = (record, record.version)
                 return record
+        # A key created under the caller's idempotency key (expected_version=0): a new row
+        # holds no earlier request, so only a key that has a row needs the look-up below.
+        if change.blind and change.expected_version == 0 and not retry and self._fast:
+            record = self._create_write(session_id, key, change, now)
+            if record is not None:
+                updates[key] = (record, record.version)
+                return record
         row = self._lock_row(session_id, key, now, create=change.create)
         if row is None:  # forget/expire/revert of a memory that never existed
             if change.op == Op.REVERT:
@@ -357,12 +364,13 @@ class WritePath:
         """A write of a value known up front, as one UPDATE that takes the row lock, counts the
         version and returns it (PostgreSQL: with the history insert in the same statement, and
         without expected_version as an upsert, so a new key is one statement too; SQLite: then
-        the insert). None when it does not apply -- no row yet (SQLite, or an expected_version),
-        a TTL that has passed (its expiry must become a version first), expected_version=0 or a
-        version that does not match -- and nothing was changed: the locked path takes over, in
-        the same transaction."""
+        the insert); with expected_version=0, :meth:`_create_write`. None when it does not
+        apply -- no row yet (SQLite, or an expected_version), a TTL that has passed (its expiry
+        must become a version first), a version that does not match, a row where
+        expected_version=0 wants none -- and nothing was changed: the locked path takes over,
+        in the same transaction."""
         if change.expected_version == 0:
-            return None
+            return self._create_write(session_id, key, change, now)
         assert change.compute is not None
         connection = connections[self.using]
         statements = statements_for(connection)
@@ -390,6 +398,40 @@ class WritePath:
             return None
         ((row_id, version, created),) = found
         if then_history:
+            run(
+                connection,
+                statements.insert_version,
+                [row_id, version, Op.WRITE, text, at, until, change.request_id, vector],
+            )
+        created_at = to_datetime(created)
+        assert created_at is not None
+        return MemoryRecord(session_id, key, value, version, created_at, now, expires_at)
+
+    def _create_write(
+        self, session_id: str, key: str, change: Change, now: datetime
+    ) -> MemoryRecord | None:
+        """A write with ``expected_version=0`` of a key that has no row: the row inserted at
+        version 1 with its history version, one statement (PostgreSQL; SQLite: then the history
+        insert). A new row holds no earlier request, so a caller's idempotency key needs no
+        look-up. None when the key has a row -- live (a conflict), forgotten or expired (a key
+        coming back), or written under this idempotency key before (a replay) -- and nothing
+        was changed: the locked path decides, in the same transaction."""
+        connection = connections[self.using]
+        statements = statements_for(connection)
+        assert statements.create_write is not None and change.compute is not None
+        adapt = connection.ops.adapt_datetimefield_value
+        value = change.compute(change.default)
+        expires_at = _expires_at(change, now)
+        vector = change.vector if change.embed is None else change.embed(value)
+        text, at, until = encode_json(value), adapt(now), adapt(expires_at)
+        params = [session_id, key, text, at, at, until, vector, named(vector)]
+        if statements.history_in_statement:
+            params += [text, at, until, change.request_id, vector]
+        found = run(connection, statements.create_write, params)
+        if not found:
+            return None
+        ((row_id, version, created),) = found
+        if not statements.history_in_statement:
             run(
                 connection,
                 statements.insert_version,

@@ -293,3 +293,51 @@ def test_a_retrys_lock_wait_is_only_ever_lowered_and_is_restored_after_it():
         with lock_wait_at_most(connection, 0.5):
             assert lock_wait_of_this_session() == 500
     assert lock_wait_of_this_session() == 1000
+
+
+def test_an_owned_transaction_nests_the_stores_calls_without_savepoints():
+    """``Retrier.atomic(..., owned=True)``: an adapter's call that succeeds or fails as a whole
+    (ADK's create_session, append_event). The store calls inside it send no SAVEPOINT and
+    RELEASE (two round trips each), and an error inside still leaves nothing of the attempt --
+    retried as a whole when transient. Outside an owned attempt, a store call inside a caller's
+    transaction keeps its savepoint (the caller may catch its error and go on)."""
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from agentmemory import VersionConflict
+    from agentmemory.retries import Retrier
+
+    store = MemoryStore(cache=None)
+    retrier = Retrier(store.using)
+
+    def attempt(_retry):
+        store.remember("a", "k", 1)
+        store.remember_many("b", {"x": 1, "y": 2})
+        return store.remember("c", "k", 1, expected_version=0, idempotency_key="r").version
+
+    with CaptureQueriesContext(connection) as queries:
+        assert retrier.atomic(attempt, owned=True) == 1
+    assert not [q for q in queries.captured_queries if "SAVEPOINT" in q["sql"]]
+
+    def failing(_retry):
+        store.remember("a", "k", 2)
+        store.remember("c", "k", 2, expected_version=0)  # a conflict: the attempt fails
+
+    with pytest.raises(VersionConflict):
+        retrier.atomic(failing, owned=True)
+    assert store.recall("a", "k").version == 1  # nothing of the failed attempt remains
+
+    writes = []
+
+    def first_write(_n, sql):
+        writes.append(is_write_statement(sql))
+        return writes.count(True) == 1 and writes[-1]
+
+    with inject_errors(conflict_error, when=first_write) as hit:
+        assert retrier.atomic(lambda _r: store.remember("d", "k", 1).version, owned=True) == 1
+    assert len(hit) == 1
+    assert [v.version for v in store.history("d", "k")] == [1]  # retried whole, written once
+
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        store.remember("e", "k", 1)
+    assert [q for q in queries.captured_queries if "SAVEPOINT" in q["sql"]]

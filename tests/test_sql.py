@@ -206,3 +206,42 @@ def test_the_write_function_migration_goes_back_and_forth(vendor):
     assert functions() == (1 if vendor == "postgresql" else 0)
     store = MemoryStore(cache=None)
     assert store.remember("s", "after", 1).version == 1
+
+
+def test_a_create_of_a_key_without_a_row_inserts_it_at_once(vendor):
+    """``remember(expected_version=0)`` -- "only if there is no such memory" -- of a key that
+    has no row: the row is inserted at version 1 with its history version (PostgreSQL: one
+    statement, in autocommit or in the call's transaction; SQLite: the insert and the history
+    insert), with or without an idempotency key
+    (a new row holds no earlier request to look up). A key that has a row takes the locked path:
+    a live one conflicts, a forgotten one comes back, a replay is found by its key. The MySQL
+    family has no ``RETURNING`` and takes the locked path for both."""
+    from agentmemory import VersionConflict
+
+    store = MemoryStore(cache=None)
+    with statements_sent() as plain:
+        assert store.remember("s", "k", {"n": 1}, expected_version=0, ttl=60).version == 1
+    with statements_sent() as keyed:
+        first = store.remember("s", "r", 1, expected_version=0, idempotency_key="req")
+    again = store.remember("s", "r", 1, expected_version=0, idempotency_key="req")
+    assert (first.version, first.replayed, again.version, again.replayed) == (1, False, 1, True)
+    with pytest.raises(VersionConflict) as conflict:
+        store.remember("s", "k", {"n": 2}, expected_version=0)
+    assert conflict.value.actual == 1
+    store.forget("s", "k")
+    assert store.remember("s", "k", {"n": 3}, expected_version=0).version == 3
+    assert [(v.version, v.op) for v in store.history("s", "k")] == [
+        (1, "write"),
+        (2, "forget"),
+        (3, "write"),
+    ]
+    assert [(v.version, v.value) for v in store.history("s", "r")] == [(1, 1)]
+    row = Memory.objects.get(session_id="s", key="r")
+    assert (row.version, row.state, row.history_from) == (1, "live", 1)
+    inserts = [sql for sql in plain + keyed if "ON CONFLICT DO NOTHING RETURNING" in sql]
+    if vendor == "postgresql":
+        assert len(plain) == len(keyed) == 1 and len(inserts) == 2, (plain, keyed)
+    elif vendor == "sqlite":  # BEGIN IMMEDIATE, then the two inserts
+        assert len(plain) == len(keyed) == 3 and len(inserts) == 2, (plain, keyed)
+    else:
+        assert not inserts
