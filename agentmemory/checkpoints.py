@@ -167,6 +167,9 @@ class CheckpointPath:
             call = PUT_CALL
             if Defect.PUT_FUNCTION_FORKS in self.defects:  # its declared seam: a broken copy
                 call = call.replace("put_checkpoint(", "put_checkpoint_selftest_forks(")
+                # The same window as the unsafe seam's: a node's run between the caller's load
+                # and its put, in which another run of the thread puts first (a fork, here).
+                time.sleep(UNLOCKED_GAP_SECONDS)
             with one_write_at_a_time(self.using):
                 self._call(call, params, thread_id, checkpoint_ns, parent_checkpoint_id)
             return

@@ -116,7 +116,7 @@ DESCRIPTIONS = {
     "inserts no history version when it overwrites a memory",
     Defect.PUT_FUNCTION_FORKS: "PostgreSQL's checkpoint put function "
     "(agentmemory_put_checkpoint) stores a put whose parent is no longer the chain's latest "
-    "checkpoint: a silent fork",
+    "checkpoint: a silent fork (each put called after the unsafe seam's gap, a node's run)",
     Defect.RESTORE_UNSEEN: "the fence renewal does not check whether the database went back in "
     "time (a restore): the tier keeps what the database lost",
     Defect.ORM_UNSEEN: "an ORM write of memories (a queryset delete() or update()) does not drop "

@@ -7,7 +7,6 @@ see the result, the error that is not transient, or :class:`~agentmemory.MemoryU
 
 from __future__ import annotations
 
-import contextvars
 import random
 import threading
 import time
@@ -34,12 +33,6 @@ T = TypeVar("T")
 #: and ``InterfaceError`` -- a connection the driver already knows is closed (psycopg's and
 #: MySQLdb's), which Django does not count as a ``DatabaseError``.
 DATABASE_ERRORS = (DatabaseError, InterfaceError)
-#: Set inside an attempt of a transaction that an adapter owns (``Retrier.atomic(...,
-#: owned=True)``): a call that fails or succeeds as a whole, and never goes on after an error
-#: inside it. The store's own transactions nested there need no savepoint: a savepoint lets a
-#: caller catch an error and continue its transaction, and nothing here does (an error leaves
-#: the whole attempt, which rolls back). Two round trips fewer per store call in it.
-_owned = contextvars.ContextVar("agentmemory_owned_transaction", default=False)
 
 
 class Retrier:
@@ -104,27 +97,18 @@ class Retrier:
             attempts=number,
         ) from error
 
-    def atomic(
-        self, attempt: Callable[[bool], T], connection: Any = None, *, owned: bool = False
-    ) -> T:
+    def atomic(self, attempt: Callable[[bool], T], connection: Any = None) -> T:
         """:meth:`run` with each attempt in its own ``transaction.atomic``: a transaction retried
-        as a whole (inside a caller's transaction, a savepoint, not retried). ``owned``: the
-        attempt runs to its end or raises, never continuing after an error of a store call it
-        makes -- those calls' own blocks then take no savepoint (:data:`_owned`)."""
+        as a whole (inside a caller's transaction, a savepoint, not retried)."""
 
         if connection is None:
             connection = connections[self.using]
 
         def in_transaction(retry: bool) -> T:
-            with transaction.atomic(using=self.using, savepoint=not _owned.get()):
-                token = _owned.set(True) if owned else None
-                try:
-                    begin_durable(connection)
-                    result = attempt(retry)
-                    failpoint_commit_answer(connection)
-                finally:
-                    if token is not None:
-                        _owned.reset(token)
+            with transaction.atomic(using=self.using):
+                begin_durable(connection)
+                result = attempt(retry)
+                failpoint_commit_answer(connection)
             return result
 
         return self.run(in_transaction, connection)

@@ -138,6 +138,9 @@ class Statements:
     # key, value, created_at, updated_at, expires_at, embedding, embedding_key (PostgreSQL: then
     # value, created_at, expires_at, request_id, embedding).
     create_write: str | None = None
+    # The version an earlier call or attempt committed under a request id, if any (parameters:
+    # the row's id, the request id; columns: op, value, version, created_at, expires_at).
+    find_request: str = ""
 
     def read_keys(self, count: int) -> str:
         """The rows of ``count`` keys of one session, whatever their state (parameters: the
@@ -290,6 +293,8 @@ def build_statements(
         append=append,
         history_in_statement=vendor == "postgresql",
         create_write=create_write,
+        find_request="SELECT op, value, version, created_at, expires_at "
+        f"FROM {version} WHERE memory_id = %s AND request_id = %s ORDER BY id LIMIT 1",
     )
 
 

@@ -43,6 +43,7 @@ from .retries import Retrier
 from .semantic import named
 from .sql import (
     LockedRow,
+    decode_json,
     delete_locked,
     encode_json,
     lock_for_delete,
@@ -61,6 +62,17 @@ from .vendors import (
 #: With ``row_lock=False``: seconds between the unlocked read and the write (the gap an agent's
 #: own work, an LLM call, would leave).
 UNLOCKED_GAP_SECONDS = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A version as :meth:`WritePath._find_request` finds it: what a request committed."""
+
+    op: str
+    value: Any
+    version: int
+    created_at: datetime | None
+    expires_at: datetime | None
 
 
 @dataclass
@@ -505,16 +517,20 @@ class WritePath:
         ):
             run(connection, sql, params)
 
-    def _find_request(self, row: LockedRow, request_id: str) -> MemoryVersion | None:
-        """The version an earlier attempt or call with the same request id committed, if any."""
-        return (
-            MemoryVersion.objects.using(self.using)
-            .filter(memory_id=row.id, request_id=request_id)
-            .first()
+    def _find_request(self, row: LockedRow, request_id: str) -> Committed | None:
+        """The version an earlier attempt or call with the same request id committed, if any
+        (one hand-written statement: the ORM's query building cost more than the query)."""
+        connection = connections[self.using]
+        found = run(connection, statements_for(connection).find_request, [row.id, request_id])
+        if not found:
+            return None
+        ((op, value, version, created_at, expires_at),) = found
+        return Committed(
+            op, decode_json(value), version, to_datetime(created_at), to_datetime(expires_at)
         )
 
     @staticmethod
-    def _answer(row: LockedRow, done: MemoryVersion, *, replayed: bool) -> Any:
+    def _answer(row: LockedRow, done: Committed, *, replayed: bool) -> Any:
         """What the call that committed ``done`` returned: its record, or True (retired)."""
         if done.op in (Op.FORGET, Op.EXPIRE):
             return True

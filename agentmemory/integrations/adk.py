@@ -160,7 +160,7 @@ class AgentMemorySessionService(BaseSessionService):
                 return head.version, None
             return head.version, self._write_state(app_name, user_id, session_id, scoped)
 
-        revision, own = self._retrier.atomic(attempt, owned=True)
+        revision, own = self._retrier.atomic(attempt)
         session = Session(
             id=session_id,
             app_name=app_name,
@@ -214,7 +214,7 @@ class AgentMemorySessionService(BaseSessionService):
             self.store.forget(_listing(app_name), _head_key(user_id, session_id))
             self.store.erase_session(_session(app_name, user_id, session_id))
 
-        self._retrier.atomic(attempt, owned=True)
+        self._retrier.atomic(attempt)
 
     def _append(self, session: Session, event: Event) -> tuple[int, bool]:
         """Store ``event``: the session's new revision, and whether the event had been stored
@@ -262,7 +262,7 @@ class AgentMemorySessionService(BaseSessionService):
             self.store.append(_session(app_name, user_id, session_id), EVENTS, [document])
             return head.version, False
 
-        return self._retrier.atomic(attempt, owned=True)
+        return self._retrier.atomic(attempt)
 
     # ------------------------------------------------------------------ helpers
 
