@@ -406,18 +406,8 @@ class WritePath:
             # The declared seam of the function itself: its broken copy (migration 0010).
             sql = sql.replace("agentmemory_upsert(", "agentmemory_upsert_selftest_skips_history(")
         found = run(connection, sql, params)
-        if not found:
-            return None
-        ((row_id, version, created),) = found
-        if then_history:
-            run(
-                connection,
-                statements.insert_version,
-                [row_id, version, Op.WRITE, text, at, until, change.request_id, vector],
-            )
-        created_at = to_datetime(created)
-        assert created_at is not None
-        return MemoryRecord(session_id, key, value, version, created_at, now, expires_at)
+        history = (text, at, until, change.request_id, vector) if then_history else None
+        return _one_row_written(connection, found, history, session_id, key, value, now, expires_at)
 
     def _create_write(
         self, session_id: str, key: str, change: Change, now: datetime
@@ -440,18 +430,12 @@ class WritePath:
         if statements.history_in_statement:
             params += [text, at, until, change.request_id, vector]
         found = run(connection, statements.create_write, params)
-        if not found:
-            return None
-        ((row_id, version, created),) = found
-        if not statements.history_in_statement:
-            run(
-                connection,
-                statements.insert_version,
-                [row_id, version, Op.WRITE, text, at, until, change.request_id, vector],
-            )
-        created_at = to_datetime(created)
-        assert created_at is not None
-        return MemoryRecord(session_id, key, value, version, created_at, now, expires_at)
+        history = (
+            None
+            if statements.history_in_statement
+            else (text, at, until, change.request_id, vector)
+        )
+        return _one_row_written(connection, found, history, session_id, key, value, now, expires_at)
 
     def _observe(self, session_id: str, keys: list[str]) -> dict[str, LockedRow | None]:
         """The unsafe seam's read: each row as it is now, without a lock, outside the
@@ -595,6 +579,34 @@ class WritePath:
 
         with self._only_write():
             return self.retrier.atomic(attempt)
+
+
+def _one_row_written(
+    connection: Any,
+    found: list[tuple[Any, ...]],
+    history: tuple[Any, ...] | None,
+    session_id: str,
+    key: str,
+    value: Any,
+    now: datetime,
+    expires_at: datetime | None,
+) -> MemoryRecord | None:
+    """The record of a one-statement write (``_blind_write``, ``_create_write``) from the row it
+    returned, its history version inserted first when the statement did not (``history``: that
+    version's value text, time, expiry, request id and vector); None when it returned none."""
+    if not found:
+        return None
+    ((row_id, version, created),) = found
+    if history is not None:
+        text, at, until, request_id, vector = history
+        run(
+            connection,
+            statements_for(connection).insert_version,
+            [row_id, version, Op.WRITE, text, at, until, request_id, vector],
+        )
+    created_at = to_datetime(created)
+    assert created_at is not None
+    return MemoryRecord(session_id, key, value, version, created_at, now, expires_at)
 
 
 def _check_same_request(change: Change, done: Any) -> None:
