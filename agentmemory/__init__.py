@@ -48,7 +48,16 @@ __all__ = [
     "ScoredMemory",
     "VersionConflict",
     "VersionPruned",
+    "setup",
 ]
+
+
+def setup(database: str, *, cache: str | None = None, index: Index | None = None) -> MemoryStore:
+    """A store from a database URL, without a Django project: :func:`agentmemory.standalone.setup`
+    (``agentmemory.setup("sqlite:///memory.db")``)."""
+    from .standalone import setup as configured
+
+    return configured(database, cache=cache, index=index)
 
 
 def __getattr__(name: str) -> Any:

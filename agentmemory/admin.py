@@ -34,7 +34,16 @@ from django.utils.safestring import SafeString
 from . import clock
 from .admin_base import GuardedAdmin, ReadOnlyAdmin, admin_store, page_number
 from .errors import InvalidMemory, VersionConflict
-from .models import Log, LogEvent, LogItem, Memory, MemoryState, MemoryVersion, is_live
+from .models import (
+    Log,
+    LogEvent,
+    LogItem,
+    McpToken,
+    Memory,
+    MemoryState,
+    MemoryVersion,
+    is_live,
+)
 from .records import VALUE_OPS
 from .store import MemoryStore
 from .validation import MAX_DEPTH
@@ -473,6 +482,17 @@ class MemoryAdmin(GuardedAdmin):
             )
         return super().change_view(request, object_id, form_url, context)
 
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        """The page's History button: the memory's own versions (its page's history panel),
+        not Django's log of admin edits, which holds only what operators did here."""
+        memory = self.get_object(request, object_id)
+        if memory is None or not self.has_view_or_change_permission(request, memory):
+            return super().history_view(request, object_id, extra_context)
+        url = reverse("admin:agentmemory_memory_change", args=[memory.pk])
+        return HttpResponseRedirect(f"{url}#am-history")
+
     def get_urls(self) -> list[Any]:
         wrap = self.admin_site.admin_view
         return [
@@ -760,3 +780,19 @@ def log_events(log: Log, before: int | None) -> tuple[list[dict[str, Any]], int 
 
 # The admin of LangGraph checkpoint chains (registers CheckpointThreadAdmin).
 from . import checkpoint_admin  # noqa: E402, F401
+
+
+@admin.register(McpToken)
+class McpTokenAdmin(ReadOnlyAdmin):
+    """The MCP server's bearer tokens: who they act as, named by their first characters (the
+    token itself is shown once, by ``manage.py agentmemory_mcp_token create``; only its digest
+    is stored). Deleting one revokes it -- from the server's next request on."""
+
+    list_display = ("prefix", "principal", "label", "created_at")
+    search_fields = ("=principal", "prefix")
+    fields = ("prefix", "principal", "label", "created_at")
+    readonly_fields = fields
+    ordering = ("principal", "created_at")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("agentmemory.delete_mcptoken")

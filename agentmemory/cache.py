@@ -84,7 +84,7 @@ from django.db.models.functions import Greatest
 from django.dispatch import receiver
 from django.utils import timezone
 
-from . import clock
+from . import clock, telemetry
 from .conf import get_config
 from .defects import (
     FRACTURED_GAP_SECONDS,
@@ -541,6 +541,7 @@ class MemoryCache:
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.stats[name] += n
+        telemetry.cache_event(name, n)
 
     @property
     def available(self) -> bool:

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -42,10 +42,20 @@ from .defects import (
     Defects,
     failpoint_autocommit_answer,
     failpoint_before_checkpoint,
+    failpoint_between_checkpoint_reads,
 )
 from .errors import CheckpointConflict, MemoryUnavailable
 from .models import Checkpoint, CheckpointBlob, CheckpointThread, CheckpointWrite
+from .records import (
+    CHECKPOINT_PAGE,
+    ChannelHistory,
+    NewBlob,
+    StoredCheckpoint,
+    StoredWrite,
+    Typed,
+)
 from .retries import Retrier
+from .telemetry import THREAD, instrumented
 from .vendors import (
     CREATE_ATTEMPTS,
     locked_or_created,
@@ -54,10 +64,10 @@ from .vendors import (
 )
 from .writes import one_write_at_a_time
 
-#: A serializer's output: ``(type, bytes)`` as LangGraph's ``dumps_typed`` returns it.
-Typed = tuple[str, bytes]
-#: How many checkpoints one read of a listing fetches (with their blobs and writes).
-PAGE = 100
+PAGE = CHECKPOINT_PAGE
+#: How many times the MySQL family's two-statement read of checkpoints is made when threads it
+#: read were deleted between its statements (each next read no longer finds them).
+FRACTURED_READ_ATTEMPTS = 3
 #: The unsafe seam's gap between reading the latest checkpoint and putting the next: a graph's
 #: node runs there (an LLM call takes seconds; 0.2 s here), so the window in which two runs of
 #: a thread race is wide -- wider than a memory write's (``writes.UNLOCKED_GAP_SECONDS``). At
@@ -76,40 +86,6 @@ PUT_WRITES_CALL = (
     "SELECT agentmemory_put_writes(%s, %s, %s, %s, %s, %s, %s::bigint[], %s::text[], "
     "%s::text[], %s::bytea[])"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class StoredWrite:
-    task_id: str
-    channel: str
-    value: Typed
-    task_path: str
-    idx: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCheckpoint:
-    """A checkpoint as stored, with the blobs of its channel versions and its pending writes
-    (in LangGraph's ``writes_sort_key`` order: task path, task id, index)."""
-
-    thread_id: str
-    checkpoint_ns: str
-    checkpoint_id: str
-    parent_checkpoint_id: str | None
-    checkpoint: Typed
-    metadata: Typed
-    #: channel -> its value at the checkpoint's version (channels written empty are left out).
-    blobs: dict[str, Typed]
-    writes: list[StoredWrite] = field(default_factory=list)
-    # The order of a listing: (checkpoint id, chain's head id), newest first.
-    cursor: tuple[str, int] = ("", 0)
-
-
-@dataclass(frozen=True, slots=True)
-class NewBlob:
-    channel: str
-    version: str
-    value: Typed | None  # None: the channel was written empty ("empty" in LangGraph's savers)
 
 
 T = TypeVar("T")
@@ -134,6 +110,7 @@ class CheckpointPath:
 
     # ------------------------------------------------------------------ mutations
 
+    @instrumented("checkpoint.put", THREAD)
     def put(
         self,
         thread_id: str,
@@ -199,6 +176,7 @@ class CheckpointPath:
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
 
+    @instrumented("checkpoint.put_writes", THREAD)
     def put_writes(
         self,
         thread_id: str,
@@ -246,10 +224,12 @@ class CheckpointPath:
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
 
+    @instrumented("checkpoint.delete_threads", ())
     def delete_threads(self, thread_ids: Iterable[str]) -> None:
         """Delete every chain of these threads with its checkpoints, blobs and writes."""
         self._delete(Q(thread_id__in=list(thread_ids)))
 
+    @instrumented("checkpoint.delete_runs", ())
     def delete_runs(self, run_ids: Iterable[str]) -> None:
         """Delete the checkpoints these runs made (by their metadata's ``run_id``) and their
         pending writes; the blobs stay (a checkpoint of another run may share them)."""
@@ -268,6 +248,7 @@ class CheckpointPath:
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
 
+    @instrumented("checkpoint.copy_thread", THREAD)
     def copy_thread(self, source: str, target: str) -> None:
         """Copy every chain of ``source`` -- checkpoints, blobs, writes -- to ``target``, all or
         nothing; what ``target`` already has of the same ids is kept."""
@@ -294,9 +275,22 @@ class CheckpointPath:
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
 
-    def prune(self, thread_ids: Iterable[str], *, keep_latest: bool) -> None:
+    @instrumented("checkpoint.prune", ())
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        *,
+        keep_latest: bool,
+        needs_history: Callable[[Typed], bool] | None = None,
+    ) -> None:
         """Keep only the latest checkpoint of each chain of these threads, with its pending
-        writes and the blobs it reads (``keep_latest=False``: delete the threads)."""
+        writes and the blobs it reads (``keep_latest=False``: delete the threads).
+
+        ``needs_history``: given a checkpoint's metadata, whether its thread's values are rebuilt
+        from its ancestors (LangGraph's ``DeltaChannel``): such a thread is not pruned -- its
+        latest checkpoint alone would load with those channels empty -- and nothing is, the
+        call raising ``NotImplementedError`` that names them (as LangGraph's ``PostgresSaver``
+        does)."""
         thread_ids = list(thread_ids)
         if not keep_latest:
             self.delete_threads(thread_ids)
@@ -304,7 +298,22 @@ class CheckpointPath:
 
         def attempt(_retry: bool) -> None:
             db = self.using
-            for head in CheckpointThread.objects.using(db).filter(thread_id__in=thread_ids):
+            heads = list(CheckpointThread.objects.using(db).filter(thread_id__in=thread_ids))
+            if needs_history is not None:
+                metadata = Checkpoint.objects.using(db).filter(thread__in=heads)
+                refused = {
+                    name
+                    for name, kind, data in metadata.values_list(
+                        "thread__thread_id", "metadata_type", "metadata"
+                    )
+                    if needs_history((kind, bytes(data)))
+                }
+                if refused:
+                    raise NotImplementedError(
+                        "keep_latest can't prune threads that use a DeltaChannel: "
+                        + ", ".join(sorted(refused))
+                    )
+            for head in heads:
                 latest = (
                     Checkpoint.objects.using(db)
                     .filter(thread_id=head.id)
@@ -331,6 +340,7 @@ class CheckpointPath:
 
     # ------------------------------------------------------------------ reads
 
+    @instrumented("checkpoint.get_tuple", THREAD)
     def get(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
     ) -> StoredCheckpoint | None:
@@ -348,6 +358,7 @@ class CheckpointPath:
 
         return self.retrier.read(work)
 
+    @instrumented("checkpoint.list", THREAD)
     def page(
         self,
         thread_id: str | None,
@@ -383,10 +394,173 @@ class CheckpointPath:
 
         return self.retrier.read(work)
 
+    @instrumented("checkpoint.delta_history", THREAD)
+    def delta_history(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        channels: Sequence[str],
+    ) -> dict[str, ChannelHistory]:
+        """What LangGraph's ``DeltaChannel`` rebuilds a channel from, for each of ``channels``:
+        walking the parents of the checkpoint ``checkpoint_id`` (None: the chain's latest),
+        nearest first, the pending writes to the channel of each ancestor, until the nearest
+        ancestor that holds a value of the channel (its ``seed``; its own writes included); no
+        seed if the walk reaches the chain's root (or a parent no longer stored) first.
+
+        :data:`DELTA_FIRST_PAGE`, then :data:`DELTA_PAGE` ancestors a statement (a recursive
+        one, the values found by the server on PostgreSQL and SQLite; then lookups of them on
+        the MySQL family), then one statement for the writes of every ancestor walked: a
+        1,000-step thread is read in a few statements instead of a ``get_tuple`` per ancestor.
+        A chain whose parents loop (a checkpoint put again under a descendant) ends where an
+        ancestor comes back."""
+        wanted = list(dict.fromkeys(channels))
+
+        def work() -> dict[str, ChannelHistory]:
+            chains: dict[str, list[str]] = {channel: [] for channel in wanted}
+            seeds: dict[str, Typed] = {}
+            remaining = list(wanted)
+            seen: set[str] = set()
+            head_id: int | None = None
+            anchor, start = checkpoint_id, 1  # the checkpoint named is not its own ancestor
+            while remaining:
+                size = DELTA_FIRST_PAGE if start else DELTA_PAGE
+                head, ancestors, nearest = self._ancestors(
+                    thread_id, checkpoint_ns, anchor, start, remaining, size
+                )
+                if head is None:
+                    break
+                head_id = head
+                seen.update(ancestor_id for ancestor_id, _parent in ancestors[:start])
+                walk = ancestors[start:]
+                end = len(walk)
+                for depth, (ancestor_id, _parent) in enumerate(walk):
+                    if ancestor_id in seen:  # the parents loop: the walk ends here
+                        end = depth
+                        break
+                    seen.add(ancestor_id)
+                for channel in list(remaining):
+                    depth, value = nearest.get(channel, (None, None))
+                    if depth is not None and depth - start < end:
+                        chains[channel] += [i for i, _p in walk[: depth - start + 1]]
+                        seeds[channel] = value
+                        remaining.remove(channel)
+                    else:
+                        chains[channel] += [i for i, _p in walk[:end]]
+                if end < len(walk) or len(ancestors) <= size or ancestors[-1][1] is None:
+                    break
+                anchor, start = ancestors[-1][1], 0
+            walked = list(dict.fromkeys(i for chain in chains.values() for i in chain))
+            failpoint_between_checkpoint_reads(thread_id)
+            writes = self._channel_writes(head_id, walked, wanted) if walked else {}
+            # Each statement read the database as it was then: a thread deleted since the walk
+            # began would give its seeds without their writes. Its head (never reused) still
+            # there now means it was there all along; gone, the thread is read as deleted.
+            if head_id is not None and not self._head_exists(head_id):
+                return {channel: ChannelHistory([], None) for channel in wanted}
+            return {
+                channel: ChannelHistory(
+                    [w for i in reversed(chains[channel]) for w in writes.get((i, channel), [])],
+                    seeds.get(channel),
+                )
+                for channel in wanted
+            }
+
+        return self.retrier.read(work)
+
     # ------------------------------------------------------------------ helpers
 
     def _run(self, statement: str, params: Sequence[Any]) -> list[Any]:
         return list(sql.run(connections[self.using], statement, params))
+
+    def _head_exists(self, head_id: int) -> bool:
+        return CheckpointThread.objects.using(self.using).filter(id=head_id).exists()
+
+    def _ancestors(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        anchor: str | None,
+        start: int,
+        channels: list[str],
+        size: int,
+    ) -> tuple[int | None, list[tuple[str, str | None]], dict[str, tuple[int, Typed]]]:
+        """One page of :meth:`delta_history`'s walk: the chain's head id; the checkpoint
+        ``anchor`` (None: the chain's latest) and up to ``size`` of its ancestors,
+        nearest first, as (id, parent id); and for each of ``channels`` stored at a checkpoint
+        of the page from the ``start``-th on, the nearest such: its place in the page, and the
+        value."""
+        vendor = connections[self.using].vendor
+        params: list[Any] = [thread_id, checkpoint_ns, anchor, size]
+        if vendor in WHOLE_READS:
+            params += [channels if vendor == "postgresql" else sql.encode_json(channels), start]
+        head: int | None = None
+        rows: list[tuple[int, str, str | None, Any]] = []
+        nearest: dict[str, tuple[int, Typed]] = {}
+        for source, depth, a, b, head_id, versions, kind, data in self._run(
+            _delta_statement(vendor), params
+        ):
+            if source == "c":
+                head = head_id
+                rows.append((depth, a, b, versions))
+            else:
+                nearest[a] = (depth, (kind, bytes(data)))
+        rows.sort(key=lambda row: row[0])
+        if vendor not in WHOLE_READS and head is not None:
+            nearest = self._nearest_values(head, rows, start, channels)
+        return head, [(i, parent) for _depth, i, parent, _versions in rows], nearest
+
+    def _nearest_values(
+        self,
+        head: int,
+        rows: list[tuple[int, str, str | None, Any]],
+        start: int,
+        channels: list[str],
+    ) -> dict[str, tuple[int, Typed]]:
+        """:meth:`_ancestors`' stored values on the MySQL family (TiDB has no ``JSON_TABLE`` to
+        expand the versions with): the page's versions of ``channels`` looked up,
+        :data:`BRANCHES` a statement."""
+        versions = [(depth, sql.decode_json(raw)) for depth, _i, _p, raw in rows[start:]]
+        keys = {(c, found[c]) for _depth, found in versions for c in channels if c in found}
+        flat = [part for channel, version in sorted(keys) for part in (head, channel, version)]
+        values: dict[tuple[str, str], Typed] = {}
+        for first in range(0, len(flat), 3 * BRANCHES):
+            some = flat[first : first + 3 * BRANCHES]
+            statement = _parts_statement(connections[self.using].vendor, len(some) // 3, 0)
+            for _s, _head, channel, version, *_rest, kind, data in self._run(statement, some):
+                if kind != "empty":  # written empty: no value here
+                    values[(channel, version)] = (kind, bytes(data))
+        nearest: dict[str, tuple[int, Typed]] = {}
+        for depth, found in versions:
+            for channel in channels:
+                value = values.get((channel, found.get(channel)))
+                if value is not None and channel not in nearest:
+                    nearest[channel] = (depth, value)
+        return nearest
+
+    def _channel_writes(
+        self, head_id: int | None, checkpoint_ids: list[str], channels: list[str]
+    ) -> dict[tuple[str, str], list[StoredWrite]]:
+        """The pending writes to ``channels`` of these checkpoints of a chain, by (checkpoint
+        id, channel), each list in LangGraph's ``writes_sort_key`` order."""
+        vendor = connections[self.using].vendor
+        if vendor == "postgresql":
+            params: list[Any] = [head_id, checkpoint_ids, channels]
+        elif vendor == "sqlite":
+            params = [head_id, sql.encode_json(checkpoint_ids), sql.encode_json(channels)]
+        else:
+            params = [head_id, *checkpoint_ids, *channels]
+        statement = _delta_writes_statement(vendor, len(checkpoint_ids), len(channels))
+        writes: dict[tuple[str, str], list[StoredWrite]] = {}
+        for checkpoint_id, task_id, channel, task_path, idx, kind, data in self._run(
+            statement, params
+        ):
+            writes.setdefault((checkpoint_id, channel), []).append(
+                StoredWrite(task_id, channel, (kind, bytes(data)), task_path or "", idx)
+            )
+        for found in writes.values():
+            found.sort(key=_writes_order)
+        return writes
 
     def _by_function(self) -> bool:
         """Whether a put goes by PostgreSQL's function (migration 0012): one round trip. Not
@@ -509,12 +683,20 @@ class CheckpointPath:
         blobs and writes of all its rows (:meth:`_parts`)."""
         vendor = connections[self.using].vendor
         if vendor not in WHOLE_READS:
-            rows = self._run(statement, params)[skip:]
-            if chain is not None:
-                return self._complete(rows, [chain] * len(rows))
-            return self._complete([row[:-2] for row in rows], [row[-2:] for row in rows])
+            for _attempt in range(FRACTURED_READ_ATTEMPTS):
+                rows = self._run(statement, params)[skip:]
+                failpoint_between_checkpoint_reads(chain[0] if chain else None)
+                chains = [chain] * len(rows) if chain is not None else [r[-2:] for r in rows]
+                rows = rows if chain is not None else [row[:-2] for row in rows]
+                found, whole = self._complete(rows, chains)
+                if whole:
+                    return found
+            raise MemoryUnavailable(
+                f"checkpoints read {FRACTURED_READ_ATTEMPTS} times while their threads were "
+                "being deleted or pruned; retry"
+            )
         rows, chains = [], []
-        blobs: dict[tuple[int, str, str], Typed] = {}
+        blobs: dict[tuple[int, str, str], Typed | None] = {}
         writes: dict[tuple[int, str], list[StoredWrite]] = {}
         found = self._run(_whole_statement(vendor, statement, chain is None), params)
         for source, head_id, a, b, c, d, idx, kind, data, *rest in found:
@@ -531,7 +713,7 @@ class CheckpointPath:
 
     @staticmethod
     def _part(
-        blobs: dict[tuple[int, str, str], Typed],
+        blobs: dict[tuple[int, str, str], Typed | None],
         writes: dict[tuple[int, str], list[StoredWrite]],
         source: str,
         head_id: int,
@@ -543,9 +725,10 @@ class CheckpointPath:
         kind: str,
         data: Any,
     ) -> None:
-        """One row of :meth:`_parts` into ``blobs`` or ``writes``."""
+        """One row of :meth:`_parts` into ``blobs`` or ``writes``; a channel written empty into
+        ``blobs`` as None (its row is there, with no value)."""
         if source == "b":
-            blobs[(head_id, a, b)] = (kind, bytes(data))
+            blobs[(head_id, a, b)] = None if kind == "empty" else (kind, bytes(data))
         else:
             assert c is not None and idx is not None
             writes.setdefault((head_id, a), []).append(
@@ -554,22 +737,39 @@ class CheckpointPath:
 
     def _complete(
         self, rows: list[tuple[Any, ...]], chains: Sequence[Sequence[str]]
-    ) -> list[StoredCheckpoint]:
+    ) -> tuple[list[StoredCheckpoint], bool]:
         """The checkpoints of these rows (:data:`ROW`) with their blobs and pending writes, read
-        in one more statement for all of them. ``chains``: each row's (thread id, namespace)."""
+        in one more statement for all of them. ``chains``: each row's (thread id, namespace).
+
+        And whether they are whole: each statement reads the database as it is then, so a
+        thread deleted (or pruned) between the two leaves rows without their blobs -- a
+        checkpoint whose channels are silently empty. Every version a checkpoint names has a
+        row (a channel written empty too), so a missing one is such a delete -- or a put that
+        named a version it never stored: only then are the rows looked up again (one statement,
+        by primary key); each still there was there all along (ids are never reused), with its
+        blobs. One gone: False, and the caller reads again."""
         if not rows:
-            return []
-        blobs: dict[tuple[int, str, str], Typed] = {}
+            return [], True
+        blobs: dict[tuple[int, str, str], Typed | None] = {}
         writes: dict[tuple[int, str], list[StoredWrite]] = {}
         for part in self._parts(rows):
             self._part(blobs, writes, *part)
-        return self._assemble(rows, chains, blobs, writes)
+        missing = any(
+            (row[1], channel, version) not in blobs
+            for row in rows
+            for channel, version in sql.decode_json(row[8]).items()
+        )
+        ids = [row[0] for row in rows]
+        whole = not missing or Checkpoint.objects.using(self.using).filter(
+            id__in=ids
+        ).count() == len(ids)
+        return self._assemble(rows, chains, blobs, writes), whole
 
     @staticmethod
     def _assemble(
         rows: list[tuple[Any, ...]],
         chains: Sequence[Sequence[str]],
-        blobs: dict[tuple[int, str, str], Typed],
+        blobs: dict[tuple[int, str, str], Typed | None],
         writes: dict[tuple[int, str], list[StoredWrite]],
     ) -> list[StoredCheckpoint]:
         """The checkpoints of these rows (:data:`ROW`) with their blobs and pending writes."""
@@ -578,7 +778,7 @@ class CheckpointPath:
             _row_id, head_id, checkpoint_id, parent, kind, data, mkind, mdata, raw = row
             versions = sql.decode_json(raw)
             own = writes.get((head_id, checkpoint_id), [])
-            own.sort(key=lambda w: (w.task_path, w.task_id, w.idx))
+            own.sort(key=_writes_order)
             result.append(
                 StoredCheckpoint(
                     thread,
@@ -588,9 +788,9 @@ class CheckpointPath:
                     (kind, bytes(data)),
                     (mkind, bytes(mdata)),
                     {
-                        channel: blobs[(head_id, channel, version)]
+                        channel: value
                         for channel, version in versions.items()
-                        if (head_id, channel, version) in blobs
+                        if (value := blobs.get((head_id, channel, version))) is not None
                     },
                     own,
                     (checkpoint_id, head_id),
@@ -645,6 +845,114 @@ class CheckpointPath:
 
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
+
+
+#: How many ancestors one statement of :meth:`CheckpointPath.delta_history` walks: first (a
+#: ``DeltaChannel`` stores its value every 100 writes by default, so most walks end there), then
+#: (MySQL and TiDB stop a recursive statement at 1,000 by default: ``cte_max_recursion_depth``).
+DELTA_FIRST_PAGE, DELTA_PAGE = 128, 900
+
+
+@functools.lru_cache(maxsize=8)
+def _delta_statement(vendor: str) -> str:
+    """A page of :meth:`CheckpointPath.delta_history`'s walk: the checkpoint named (or the
+    chain's latest) and its ancestors by a recursive statement, each row (``c``, depth, id,
+    parent id, head id, then the MySQL family's channel versions, NULL, NULL); on PostgreSQL and
+    SQLite, then for each channel asked for, the nearest checkpoint from a depth on that holds
+    its value (``b``, depth, channel, version, NULL, NULL, type, blob) -- the server expands the
+    versions and looks their values up, and sends the one that matters. Parameters: thread id,
+    namespace, checkpoint id or None, the page's size, then (PostgreSQL, SQLite) the channels
+    and the depth."""
+    quote, head, checkpoint, blob, _write = _tables(vendor)
+    data = quote.format("blob")
+    latest = (
+        f"(SELECT l.checkpoint_id FROM {checkpoint} l WHERE l.thread_id = c.thread_id "
+        "ORDER BY l.thread_id DESC, l.checkpoint_id DESC LIMIT 1)"
+    )
+    walk = (
+        "WITH RECURSIVE chain (depth, checkpoint_id, parent_checkpoint_id, channel_versions, "
+        "thread_id) AS (SELECT 0, c.checkpoint_id, c.parent_checkpoint_id, c.channel_versions, "
+        f"c.thread_id FROM {checkpoint} c WHERE c.thread_id = (SELECT id FROM {head} "
+        f"WHERE thread_id = %s AND checkpoint_ns = %s) "
+        f"AND c.checkpoint_id = COALESCE(%s, {latest}) "
+        "UNION ALL SELECT chain.depth + 1, c.checkpoint_id, c.parent_checkpoint_id, "
+        f"c.channel_versions, c.thread_id FROM chain JOIN {checkpoint} c "
+        "ON c.thread_id = chain.thread_id AND c.checkpoint_id = chain.parent_checkpoint_id "
+        "WHERE chain.depth < %s) "
+    )
+    if vendor not in WHOLE_READS:
+        return (
+            walk + "SELECT 'c', depth, checkpoint_id, parent_checkpoint_id, thread_id, "
+            "channel_versions, NULL, NULL FROM chain"
+        )
+    rows = (
+        "SELECT 'c', depth, checkpoint_id, parent_checkpoint_id, thread_id, NULL, NULL, NULL "
+        "FROM chain"
+    )
+    if vendor == "postgresql":
+        expanded = (
+            "CROSS JOIN LATERAL jsonb_each_text(chain.channel_versions) v WHERE v.key = ANY(%s)"
+        )
+        value = (
+            f"CROSS JOIN LATERAL (SELECT b.type, b.{data} FROM {blob} b WHERE b.thread_id = "
+            "s.thread_id AND b.channel = s.key AND b.version = s.value LIMIT 1) b"
+        )
+    else:
+        expanded = (
+            "CROSS JOIN json_each(chain.channel_versions) v "
+            "WHERE v.key IN (SELECT value FROM json_each(%s))"
+        )
+        value = (
+            f"CROSS JOIN {blob} b ON b.thread_id = s.thread_id AND b.channel = s.key "
+            "AND b.version = s.value"
+        )
+    pairs = (
+        f"SELECT chain.thread_id, v.key, v.value, MIN(chain.depth) AS depth FROM chain {expanded} "
+        "AND chain.depth >= %s GROUP BY chain.thread_id, v.key, v.value"
+    )
+    stored = (
+        "SELECT p.thread_id, p.key, p.value, p.depth, ROW_NUMBER() OVER (PARTITION BY p.key "
+        f"ORDER BY p.depth) AS nearest FROM pairs p WHERE EXISTS (SELECT 1 FROM {blob} b "
+        "WHERE b.thread_id = p.thread_id AND b.channel = p.key AND b.version = p.value "
+        "AND b.type <> 'empty')"
+    )
+    found = (
+        f"SELECT 'b', s.depth, s.key, s.value, NULL, NULL, b.type, b.{data} FROM stored s "
+        f"{value} WHERE s.nearest = 1"
+    )
+    return f"{walk}, pairs AS ({pairs}), stored AS ({stored}) {rows} UNION ALL {found}"
+
+
+@functools.lru_cache(maxsize=64)
+def _delta_writes_statement(vendor: str, checkpoints: int, channels: int) -> str:
+    """The pending writes to some channels of some checkpoints of a chain: rows of (checkpoint
+    id, task id, channel, task path, idx, type, blob). Parameters: the head's id, the
+    checkpoint ids, the channels (PostgreSQL: two arrays; SQLite: two JSON arrays; the MySQL
+    family: a placeholder each -- its text then depends on the counts)."""
+    quote, _head, _checkpoint, _blob, write = _tables(vendor)
+    data = quote.format("blob")
+    if vendor == "postgresql":
+        among = "checkpoint_id = ANY(%s) AND channel = ANY(%s)"
+    elif vendor == "sqlite":
+        among = (
+            "checkpoint_id IN (SELECT value FROM json_each(%s)) "
+            "AND channel IN (SELECT value FROM json_each(%s))"
+        )
+    else:
+        among = (
+            f"checkpoint_id IN ({', '.join(['%s'] * checkpoints)}) "
+            f"AND channel IN ({', '.join(['%s'] * channels)})"
+        )
+    return (
+        f"SELECT checkpoint_id, task_id, channel, task_path, idx, type, {data} FROM {write} "
+        f"WHERE thread_id = %s AND {among}"
+    )
+
+
+def _writes_order(write: StoredWrite) -> tuple[str, str, int]:
+    """LangGraph's ``writes_sort_key``: the order in which a super-step applies its tasks'
+    writes (task path, task id, index)."""
+    return (write.task_path, write.task_id, write.idx)
 
 
 #: The name of the ``(thread, checkpoint_id)`` unique index (the constraint's).
@@ -843,7 +1151,7 @@ def _parts_statement(vendor: str, blobs: int, checkpoints: int) -> str:
     data = quote.format("blob")  # a reserved word in the MySQL family
     blob_branch = (
         f"SELECT 'b', thread_id, channel, version, NULL, NULL, NULL, type, {data} FROM {blob} "
-        "WHERE thread_id = %s AND channel = %s AND version = %s AND type <> 'empty'"
+        "WHERE thread_id = %s AND channel = %s AND version = %s"
     )
     write_branch = (
         f"SELECT 'w', thread_id, checkpoint_id, task_id, channel, task_path, idx, type, {data} "

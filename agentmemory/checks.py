@@ -371,17 +371,18 @@ def check_async_threads(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_causal_reads_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """E022: ``CAUSAL_READS`` and ``CACHE_PROTECTION`` are booleans."""
+    """E022: ``CAUSAL_READS``, ``CACHE_PROTECTION``, ``OPENTELEMETRY`` and
+    ``TELEMETRY_RAW_IDS`` are booleans."""
     config = _config()
     if config is None:
         return []
     return [
         Error(
             f"AGENTMEMORY[{name!r}] is {_type_name(config[name])}; it must be True or False.",
-            hint=f"Remove {name} from AGENTMEMORY (the default, True, is the safe one).",
+            hint=f"Remove {name} from AGENTMEMORY (its default is {DEFAULTS[name]}).",
             id="agentmemory.E022",
         )
-        for name in ("CAUSAL_READS", "CACHE_PROTECTION")
+        for name in ("CAUSAL_READS", "CACHE_PROTECTION", "OPENTELEMETRY", "TELEMETRY_RAW_IDS")
         if not isinstance(config[name], bool)
     ]
 

@@ -70,6 +70,12 @@ DEFAULTS: dict[str, Any] = {
     # name (default: the embedder's own), stored with every vector: a search compares only
     # vectors of its own model, and `manage.py reindex` embeds the others again}.
     "SEARCH": None,
+    # OpenTelemetry spans and metrics of every store call, where opentelemetry-api is installed
+    # and a tracer or meter provider is set (agentmemory.telemetry); False: none.
+    "OPENTELEMETRY": True,
+    # Spans show session ids and keys as keyed hashes (they are personal data in most agent
+    # products); True: as they are.
+    "TELEMETRY_RAW_IDS": False,
 }
 
 #: What an ``AGENTMEMORY["SEARCH"]`` dict that names an embedder gets for the keys it leaves out

@@ -76,6 +76,7 @@ class Defect(StrEnum):
     FILL_IGNORES_LEASE = "fill-ignores-lease"
     FENCE_FROM_RENEWAL = "fence-counted-from-renewal"
     RENEWAL_IGNORES_PENDING = "fence-renewed-while-pending"
+    MCP_SHARED_SESSIONS = "mcp-shared-sessions"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -150,6 +151,8 @@ DESCRIPTIONS = {
     Defect.RENEWAL_IGNORES_PENDING: "a fence renewal does not replay the pending invalidations "
     "first: Redis is trusted again while it holds what a writer could not update "
     "(cache.renew_fence)",
+    Defect.MCP_SHARED_SESSIONS: "the MCP server keeps a principal's session ids as given, "
+    "without its prefix: principals share sessions of the same name (integrations.mcp)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every
@@ -439,6 +442,21 @@ def hold_next_search(match: Callable[[str, Iterable[str]], bool], timeout: float
 def failpoint_between_search_reads(session_id: str | None) -> None:
     """Called by a search between its two reads."""
     _stop_at("search", session_id or "", {})
+
+
+def hold_next_checkpoint_read(
+    match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0
+) -> Hold:
+    """Arm, for the whole process, a stop of the next checkpoint read of several statements
+    that ``match(thread_id, [])`` selects, between its statements (a delta history's walk read,
+    its writes not yet; on the MySQL family, checkpoint rows read, their blobs not yet), until
+    the hold is released: the tests delete the thread there."""
+    return _arm_hold("checkpoint-read", match, timeout)
+
+
+def failpoint_between_checkpoint_reads(thread_id: str | None) -> None:
+    """Called by a checkpoint read between two of its statements."""
+    _stop_at("checkpoint-read", thread_id or "", {})
 
 
 def hold_next_load(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:

@@ -23,6 +23,7 @@ import functools
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import Q
 
-from . import clock, sql
+from . import clock, signals, sql, validation
 from .defects import NONE as NO_DEFECTS
 from .defects import Defect, Defects, failpoint_after_first_key
 from .errors import IdempotencyKeyReused
@@ -58,7 +59,9 @@ class LogPath:
     ``row_lock=False`` is the store's declared unsafe seam here too: a pop picks its item from
     a read made *before* it takes the lock (then the gap an agent's own work would leave), and
     an append numbers its items from such a read -- two pops can return the same item, and two
-    appends collide on a number (the ``(log, seq)`` constraint refuses the second). Events are
+    appends collide on a number (the ``(log, seq)`` constraint refuses the second); a rewrite
+    (``rewrite_log``, ``append_with``) computes its items from such a read -- what was appended
+    meanwhile is lost by a replacement and repeated by an append. Events are
     still counted under the lock, as a memory's versions are. For the
     tests and memcheck that show those checks catch it; never for real data. ``defects``: the
     planted bugs of :mod:`agentmemory.defects` that live here (memcheck's self-test only)."""
@@ -114,18 +117,15 @@ class LogPath:
             numbers = [first + i for i in range(len(values))]
             if Defect.SKIPPED_ITEM_NUMBER in self.defects:
                 numbers = [n + 1 if n >= 3 and head.last_seq < 3 else n for n in numbers]
-            self._insert_items(head, numbers, values, now)
-            if len(values) > 1:
-                failpoint_after_first_key()  # the items are written: all must go with them
-            head.last_seq = numbers[-1]
-            head.length += len(values)
-            lifetime = ttl if ttl is not None else default_ttl()
-            head.expires_at = None if lifetime is None else now + lifetime
-            self._record(head, LogOp.APPEND, numbers[0], numbers[-1], len(values), now, request_id)
-            return [
-                LogItemRecord(session_id, stream, seq, value, now)
-                for seq, value in zip(numbers, values, strict=True)
-            ]
+            appended = self._appended(head, numbers, values, ttl, now, request_id)
+            signals.after_commit(
+                signals.log_appended,
+                self.using,
+                session_id=session_id,
+                stream=stream,
+                items=appended,
+            )
+            return appended
 
         with one_write_at_a_time(self.using):
             return self.retrier.atomic(attempt)
@@ -179,6 +179,59 @@ class LogPath:
         with one_write_at_a_time(self.using):
             return self.retrier.atomic(attempt)
 
+    def rewrite(
+        self,
+        session_id: str,
+        stream: str,
+        compute: Callable[[list[Any]], Any],
+        ttl: timedelta | None,
+        request_id: str,
+        *,
+        replace: bool = True,
+    ) -> list[LogItemRecord]:
+        """Replace the live items by ``compute(values)`` under the log's lock: a ``clear``
+        event (if anything was live) and an ``append`` event of the new items (if any), in one
+        transaction -- or, without ``replace``, append what ``compute`` returns after them.
+        ``compute`` gets the live values oldest first and may run again on a retry; what it
+        returns is checked as an append's items before anything is written."""
+
+        # The unsafe seam: the items computed from a read made before the lock (and the gap).
+        stale = None if self.row_lock else self._observe_live(session_id, stream)
+
+        def attempt(retry: bool) -> list[LogItemRecord]:
+            now = clock.now()
+            head = self._lock(session_id, stream, now, create=False)
+            if head is None:  # no log: one is created only for items to hold
+                if not validation.check_items(compute([])):
+                    return []
+                head = self._lock(session_id, stream, now, create=True)
+                assert head is not None
+            if retry:
+                done = self._find_request(head, request_id)
+                if done is not None:  # the COMMIT of an earlier attempt landed
+                    return self._items(head, done.first_seq, done.last_seq)
+            self._expire_if_due(head, now)
+            live = self._live_values(head.id, head.cleared_through) if stale is None else stale
+            values = validation.check_items(compute(live))
+            if replace:
+                self._hide(head, LogOp.CLEAR, now, uuid.uuid4().hex)
+            if not values:
+                return []
+            numbers = [head.last_seq + 1 + i for i in range(len(values))]
+            appended = self._appended(head, numbers, values, ttl, now, request_id)
+            if not replace:
+                signals.after_commit(
+                    signals.log_appended,
+                    self.using,
+                    session_id=session_id,
+                    stream=stream,
+                    items=appended,
+                )
+            return appended
+
+        with one_write_at_a_time(self.using):
+            return self.retrier.atomic(attempt)
+
     def expire(self, session_id: str, stream: str) -> bool:
         """Record the expiry of the log if its TTL has passed (``purge_expired``); True if it
         had live items."""
@@ -211,6 +264,11 @@ class LogPath:
         """Up to ``limit`` logs whose TTL has passed: ``(session_id, stream)``."""
         rows = Log.objects.using(self.using).filter(expires_at__lte=clock.now())
         return list(rows.order_by("expires_at").values_list("session_id", "stream")[:limit])
+
+    def due_count(self) -> int:
+        """How many logs with live items are past their TTL (``purge_expired --dry-run``)."""
+        due = Log.objects.using(self.using).filter(expires_at__lte=clock.now(), length__gt=0)
+        return self.retrier.read(due.count)
 
     # ------------------------------------------------------------------ reads
 
@@ -260,6 +318,20 @@ class LogPath:
                 )
                 for seq, raw, created, _expires in rows
             ]
+
+        return self.retrier.read(work)
+
+    def streams(self, session_id: str) -> list[str]:
+        """The session's logs that hold live items, in the order they were created."""
+
+        def work() -> list[str]:
+            return list(
+                Log.objects.using(self.using)
+                .filter(_unexpired(clock.now()))
+                .filter(session_id=session_id, length__gt=0)
+                .order_by("id")
+                .values_list("stream", flat=True)
+            )
 
         return self.retrier.read(work)
 
@@ -359,6 +431,23 @@ class LogPath:
         time.sleep(UNLOCKED_POP_GAP_SECONDS)
         return found
 
+    def _observe_live(self, session_id: str, stream: str) -> list[Any]:
+        """The unsafe seam's read for a rewrite: the live values as they are now, without a
+        lock, outside the transaction; then the gap before the write."""
+        head = Log.objects.using(self.using).filter(session_id=session_id, stream=stream).first()
+        live = [] if head is None else self._live_values(head.id, head.cleared_through)
+        time.sleep(UNLOCKED_POP_GAP_SECONDS)
+        return live
+
+    def _live_values(self, log_id: int, cleared_through: int) -> list[Any]:
+        """The values of a log's live items, oldest first."""
+        return list(
+            LogItem.objects.using(self.using)
+            .filter(log_id=log_id, seq__gt=cleared_through, removed_in__isnull=True)
+            .order_by("seq")
+            .values_list("value", flat=True)
+        )
+
     def _last_live(self, head: _Head) -> _Item | None:
         rows = self._run(self._statements().last_live, [head.id, head.cleared_through])
         if not rows:
@@ -384,6 +473,30 @@ class LogPath:
                 params += [head.id, seq, text, at]
             statement = self._statements().insert_items + ", ".join([row] * (stop - start))
             sql.run(connection, statement, params)
+
+    def _appended(
+        self,
+        head: _Head,
+        numbers: list[int],
+        values: list[Any],
+        ttl: timedelta | None,
+        now: datetime,
+        request_id: str,
+    ) -> list[LogItemRecord]:
+        """An append under the lock: ``values`` stored as items ``numbers``, the head moved
+        past them with its expiry set anew (``ttl``; None: the default TTL), one event."""
+        self._insert_items(head, numbers, values, now)
+        if len(values) > 1:
+            failpoint_after_first_key()  # the items are written: all must go with them
+        head.last_seq = numbers[-1]
+        head.length += len(values)
+        lifetime = ttl if ttl is not None else default_ttl()
+        head.expires_at = None if lifetime is None else now + lifetime
+        self._record(head, LogOp.APPEND, numbers[0], numbers[-1], len(values), now, request_id)
+        return [
+            LogItemRecord(head.session_id, head.stream, seq, value, now)
+            for seq, value in zip(numbers, values, strict=True)
+        ]
 
     def _expire_if_due(self, head: _Head, now: datetime) -> bool:
         """A passed TTL is an event too, recorded before anything else happens to the log:

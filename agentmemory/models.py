@@ -24,6 +24,7 @@ from .validation import (
     CHECKPOINT_NS_MAX,
     IDEMPOTENCY_KEY_MAX,
     KEY_MAX,
+    PRINCIPAL_MAX,
     SESSION_ID_MAX,
     THREAD_ID_MAX,
     visible,
@@ -515,3 +516,27 @@ class CheckpointWrite(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}[{self.idx}] {visible(self.channel)}"
+
+
+# ---------------------------------------------------------------------- MCP
+
+
+class McpToken(models.Model):
+    """A bearer token of the MCP server (``manage.py agentmemory_mcp --http``), for one
+    principal: a request that carries it acts as ``principal``, whose session ids are its own
+    (:mod:`agentmemory.integrations.mcp`). Only the token's SHA-256 digest is stored -- the token
+    is shown once, when it is created (``manage.py agentmemory_mcp_token create``) -- and its
+    first characters (``prefix``), by which ``list`` and ``revoke`` name it."""
+
+    id = models.BigAutoField(primary_key=True)
+    principal = ExactCharField(max_length=PRINCIPAL_MAX, db_index=True)
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)
+    label = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "MCP token"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}... ({visible(self.principal)})"

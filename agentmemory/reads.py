@@ -164,6 +164,11 @@ class ReadPath:
         )
         return self.retrier.read(lambda: list(rows[:batch]))
 
+    def due_count(self) -> int:
+        """How many live rows are past their TTL (``purge_expired --dry-run``)."""
+        rows = self._memories().filter(state=MemoryState.LIVE, expires_at__lte=clock.now())
+        return self.retrier.read(rows.count)
+
     def batches(
         self,
         columns: tuple[str, ...],

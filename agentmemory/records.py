@@ -90,3 +90,53 @@ class LogEventRecord:
     last_seq: int
     count: int
     created_at: datetime
+
+
+# ---------------------------------------------------------------------- checkpoint chains
+
+#: A serializer's output: ``(type, bytes)`` as LangGraph's ``dumps_typed`` returns it.
+Typed = tuple[str, bytes]
+#: How many checkpoints one read of a listing fetches (with their blobs and writes).
+CHECKPOINT_PAGE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class StoredWrite:
+    task_id: str
+    channel: str
+    value: Typed
+    task_path: str
+    idx: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A checkpoint as stored, with the blobs of its channel versions and its pending writes
+    (in LangGraph's ``writes_sort_key`` order: task path, task id, index)."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    checkpoint: Typed
+    metadata: Typed
+    #: channel -> its value at the checkpoint's version (channels written empty are left out).
+    blobs: dict[str, Typed]
+    writes: list[StoredWrite] = field(default_factory=list)
+    # The order of a listing: (checkpoint id, chain's head id), newest first.
+    cursor: tuple[str, int] = ("", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class NewBlob:
+    channel: str
+    version: str
+    value: Typed | None  # None: the channel was written empty ("empty" in LangGraph's savers)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelHistory:
+    """One channel's part of :meth:`CheckpointPath.delta_history`."""
+
+    writes: list[StoredWrite]  # oldest first
+    seed: Typed | None  # the value at the nearest ancestor that holds one (None: no such)

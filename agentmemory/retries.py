@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
+from . import telemetry
 from .conf import get_config
 from .defects import failpoint_commit_answer
 from .errors import MemoryUnavailable
@@ -147,6 +148,7 @@ class Retrier:
             raise exc
         with self._lock:
             self.counts[kind.value] += 1
+            telemetry.retried(kind.value)
         if kind is Transient.DISCONNECT:
             connection.close()
         return kind

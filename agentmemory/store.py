@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from . import aio, validation
+from . import aio, signals, validation
 from .cache import MemoryCache
 from .checkpoints import CheckpointPath
 from .conf import get_config
@@ -35,6 +35,7 @@ from .records import (
 from .retries import Retrier
 from .search import IndexFields, SearchEngine
 from .semantic import Index, check_filter, parse_path, settings_index
+from .telemetry import KEYED, instrumented
 from .writes import Change, WritePath, default_ttl
 
 _CACHE_FROM_SETTINGS: Any = object()
@@ -126,6 +127,7 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ writes
 
+    @instrumented("remember", KEYED)
     def remember(
         self,
         session_id: str,
@@ -162,6 +164,7 @@ class MemoryStore:
         )
         return self._writes.write(session_id, {key: change})[key]
 
+    @instrumented("update", KEYED)
     def update(
         self,
         session_id: str,
@@ -189,6 +192,7 @@ class MemoryStore:
         )
         return self._writes.write(session_id, {key: change})[key]
 
+    @instrumented("remember_many")
     def remember_many(
         self,
         session_id: str,
@@ -222,6 +226,7 @@ class MemoryStore:
         }
         return self._writes.write(session_id, changes) if changes else {}
 
+    @instrumented("revert", KEYED)
     def revert(
         self, session_id: str, key: str, version: int, *, expected_version: int | None = None
     ) -> MemoryRecord:
@@ -240,6 +245,7 @@ class MemoryStore:
         change.compute = lambda _current: reads.value_of_version(session_id, key, version)
         return self._writes.write(session_id, {key: change})[key]
 
+    @instrumented("forget", KEYED)
     def forget(self, session_id: str, key: str, *, expected_version: int | None = None) -> bool:
         """Record a ``forget`` version; True if a live memory was forgotten."""
         session_id, key = self._check_ids(session_id, key)
@@ -248,6 +254,7 @@ class MemoryStore:
         )
         return self._writes.write(session_id, {key: change})[key] is not None
 
+    @instrumented("expire", KEYED)
     def expire(self, session_id: str, key: str, *, expected_version: int | None = None) -> bool:
         """Expire the memory now, whatever its TTL: an ``expire`` version, as if its TTL had just
         passed. True if a live memory was expired."""
@@ -260,30 +267,56 @@ class MemoryStore:
         )
         return self._writes.write(session_id, {key: change})[key] is not None
 
+    @instrumented("forget_session")
     def forget_session(self, session_id: str) -> int:
         """Forget every live memory of the session (each gets a ``forget`` version); the count."""
         session_id = validation.check_session_id(session_id)
         keys = self._reads.live_keys(session_id)
         return sum(self._writes.retire(session_id, key, Op.FORGET) for key in keys)
 
-    def purge_expired(self, *, batch: int = 1000) -> int:
+    @instrumented("purge_expired", ())
+    def purge_expired(
+        self,
+        *,
+        batch: int = 1000,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
         """Record an ``expire`` version for each memory past its TTL and retire its live row,
         and an ``expire`` event for each log past its TTL (its items hidden); returns how many
-        memories and logs with live items expired."""
+        memories and logs with live items expired (``dry_run``: how many are past their TTL
+        now, changing nothing). ``progress(done, total)`` after each batch. Each memory under
+        its own row lock, so it runs beside live writers: one rewritten with a new TTL since
+        the batch was read is left alone."""
         batch = validation.check_version("batch", batch, minimum=1, maximum=validation.BATCH_MAX)
-        purged = 0
+        if dry_run:
+            return sum(self.expired_counts())
+        # The bar's total: counted only for a caller that draws one.
+        total = sum(self.expired_counts()) if progress is not None else 0
+        done, purged = 0, 0
         while True:
             due = self._reads.due(batch)
             for session_id, key in due:
                 purged += self._writes.retire(session_id, key, Op.EXPIRE)
+            done += len(due)
+            if progress is not None and due:
+                progress(done, max(total, done))
             if len(due) < batch:
                 break
         while True:
-            logs = self._logs.due(batch)
-            for session_id, stream in logs:
+            due_logs = self._logs.due(batch)
+            for session_id, stream in due_logs:
                 purged += self._logs.expire(session_id, stream)
-            if len(logs) < batch:
+            done += len(due_logs)
+            if progress is not None:
+                progress(done, max(total, done))
+            if len(due_logs) < batch:
                 return purged
+
+    def expired_counts(self) -> tuple[int, int]:
+        """How many live memories and how many logs with live items are past their TTL now:
+        what :meth:`purge_expired` would expire."""
+        return self._reads.due_count(), self._logs.due_count()
 
     def prune_history(
         self,
@@ -345,15 +378,19 @@ class MemoryStore:
             session_id = validation.check_session_id(session_id)
         return self._search.reindex(batch, dry_run, progress, session_id)
 
+    @instrumented("erase_session")
     def erase_session(self, session_id: str) -> int:
         """Delete every row and every version of the session, and every log with its items and
         events, irreversibly: for data-erasure requests and throw-away sessions (memcheck's).
         Returns the number of memories and logs deleted."""
         session_id = validation.check_session_id(session_id)
-        return self._writes.erase(session_id) + self._logs.erase(session_id)
+        erased = self._writes.erase(session_id) + self._logs.erase(session_id)
+        signals.after_commit(signals.session_erased, self.using, session_id=session_id)
+        return erased
 
     # ------------------------------------------------------------------ logs
 
+    @instrumented("append")
     def append(
         self,
         session_id: str,
@@ -377,6 +414,7 @@ class MemoryStore:
             return []
         return self._logs.append(session_id, stream, values, ttl_, *request)
 
+    @instrumented("pop")
     def pop(
         self, session_id: str, stream: str, *, idempotency_key: str | None = None
     ) -> LogItemRecord | None:
@@ -386,12 +424,62 @@ class MemoryStore:
         session_id, stream = self._check_log(session_id, stream)
         return self._logs.pop(session_id, stream, *self._log_request(idempotency_key))
 
+    @instrumented("clear_log")
     def clear_log(self, session_id: str, stream: str, *, idempotency_key: str | None = None) -> int:
         """Remove every live item of the log (one ``clear`` event; the numbering goes on after
         it); returns how many there were."""
         session_id, stream = self._check_log(session_id, stream)
         return self._logs.clear(session_id, stream, *self._log_request(idempotency_key))
 
+    @instrumented("rewrite_log")
+    def rewrite_log(
+        self,
+        session_id: str,
+        stream: str,
+        fn: Callable[[list[Any]], Sequence[Any]],
+        *,
+        ttl: float | timedelta | None = None,
+    ) -> list[LogItemRecord]:
+        """Replace the log's live items by ``fn(items)`` -- ``items``: their values, oldest
+        first; ``fn`` returns the new list -- under the log's lock, all at once: a ``clear``
+        event and an ``append`` event committed together, so a reader sees the items before or
+        after, never between, and an append that races with it lands either before (``fn``
+        sees it) or after (after the new items): none is lost or repeated. What an insert in the
+        middle, a removal by position or a compaction needs. The new items are numbered after
+        the log's last number (numbers are never reused); returns them as stored. ``fn`` may run
+        more than once if the database asks for a retry: keep it free of side effects. What it
+        returns is checked as :meth:`append`'s items (:class:`InvalidMemory`, nothing written).
+        ``ttl`` as :meth:`append` (when items are written)."""
+        return self._rewrite(session_id, stream, fn, ttl, replace=True)
+
+    @instrumented("append_with")
+    def append_with(
+        self,
+        session_id: str,
+        stream: str,
+        fn: Callable[[list[Any]], Sequence[Any]],
+        *,
+        ttl: float | timedelta | None = None,
+    ) -> list[LogItemRecord]:
+        """Append ``fn(items)`` -- ``items``: the live values, oldest first; ``fn`` returns what
+        to append -- under the log's lock, so what ``fn`` saw is what the items follow: a save
+        that leaves out what the log already holds (a framework that resends the whole
+        transcript, or retries a save) appends each message once, however many savers race.
+        Otherwise as :meth:`append` (all or nothing, numbered after the last item); returns the
+        items appended. ``fn`` may run more than once if the database asks for a retry: keep it
+        free of side effects."""
+        return self._rewrite(session_id, stream, fn, ttl, replace=False)
+
+    def _rewrite(
+        self, session_id: Any, stream: Any, fn: Any, ttl: Any, *, replace: bool
+    ) -> list[LogItemRecord]:
+        session_id, stream = self._check_log(session_id, stream)
+        if not callable(fn):
+            raise InvalidMemory("fn", f"must be callable, got {type(fn).__name__}")
+        ttl_ = self._check_ttl(ttl)
+        return self._logs.rewrite(session_id, stream, fn, ttl_, uuid.uuid4().hex, replace=replace)
+
+    @instrumented("read_log")
     def read_log(
         self,
         session_id: str,
@@ -426,6 +514,11 @@ class MemoryStore:
         session_id, stream = self._check_log(session_id, stream)
         return self._logs.length(session_id, stream)
 
+    def log_streams(self, session_id: str) -> list[str]:
+        """The names of the session's logs that hold live items, in the order the logs were
+        created (a log emptied by pops or a clear, or expired, is left out)."""
+        return self._logs.streams(validation.check_session_id(session_id))
+
     def log_history(
         self,
         session_id: str,
@@ -448,6 +541,7 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ reads
 
+    @instrumented("recall", KEYED)
     def recall(
         self, session_id: str, key: str, *, version: int | None = None
     ) -> MemoryRecord | None:
@@ -459,6 +553,7 @@ class MemoryStore:
             return self._reads.version(session_id, key, version)
         return self._reads.recall(session_id, [key]).get(key)
 
+    @instrumented("recall_many")
     def recall_many(
         self, session_id: str, keys: Iterable[str] | None = None, *, prefix: str | None = None
     ) -> dict[str, MemoryRecord]:
@@ -476,6 +571,7 @@ class MemoryStore:
             prefix = validation.check_prefix(prefix)
         return self._reads.recall_prefix(session_id, prefix)
 
+    @instrumented("history", KEYED)
     def history(
         self,
         session_id: str,
@@ -504,6 +600,7 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ semantic recall
 
+    @instrumented("search")
     def search(
         self,
         session_id: str,
@@ -527,6 +624,7 @@ class MemoryStore:
         engine, checked = self._check_search(query, prefix, filter, limit, offset)
         return engine.search(query, session_id=session_id, **checked)
 
+    @instrumented("search_sessions")
     def search_sessions(
         self,
         session_prefix: str,
@@ -623,8 +721,21 @@ class MemoryStore:
     async def aclear_log(self, session_id: str, stream: str, **kwargs: Any) -> int:
         return await aio.run(self.clear_log, session_id, stream, **kwargs)
 
+    async def arewrite_log(
+        self, session_id: str, stream: str, fn: Callable[[list[Any]], Sequence[Any]], **kwargs: Any
+    ) -> list[LogItemRecord]:
+        return await aio.run(self.rewrite_log, session_id, stream, fn, **kwargs)
+
+    async def aappend_with(
+        self, session_id: str, stream: str, fn: Callable[[list[Any]], Sequence[Any]], **kwargs: Any
+    ) -> list[LogItemRecord]:
+        return await aio.run(self.append_with, session_id, stream, fn, **kwargs)
+
     async def aread_log(self, session_id: str, stream: str, **kwargs: Any) -> list[LogItemRecord]:
         return await aio.run(self.read_log, session_id, stream, **kwargs)
+
+    async def alog_streams(self, session_id: str) -> list[str]:
+        return await aio.run(self.log_streams, session_id)
 
     async def alog_length(self, session_id: str, stream: str) -> int:
         return await aio.run(self.log_length, session_id, stream)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import string
 import unicodedata
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,8 @@ from .conf import get_config
 from .errors import InvalidMemory
 
 SESSION_ID_MAX = 128
+#: An MCP principal's name (agentmemory.integrations.mcp): ASCII letters, digits and ``_.@+-``.
+PRINCIPAL_MAX = 32
 KEY_MAX = 255
 IDEMPOTENCY_KEY_MAX = 64
 #: Longest LangGraph ``thread_id`` and ``checkpoint_ns`` (a nested subgraph's namespace is
@@ -194,6 +197,29 @@ def _is_symbol(char: str) -> bool:
 
 def check_session_id(session_id: Any) -> str:
     return _check_name("session_id", session_id, SESSION_ID_MAX)
+
+
+_PRINCIPAL_CHARS = frozenset(string.ascii_letters + string.digits + "_.@+-")
+
+
+def check_principal(principal: Any) -> str:
+    """An MCP principal's name: 1 to :data:`PRINCIPAL_MAX` ASCII letters, digits and ``_.@+-``
+    (no space, no accent, no ``:`` -- the separator of the session ids it owns). Case counts:
+    ``Alice`` and ``alice`` are two principals."""
+    if not isinstance(principal, str):
+        raise InvalidMemory("principal", f"must be a str, got {type(principal).__name__}")
+    if not 1 <= len(principal) <= PRINCIPAL_MAX:
+        raise InvalidMemory(
+            "principal", f"must be 1 to {PRINCIPAL_MAX} characters, got {len(principal)}"
+        )
+    wrong = sorted(set(principal) - _PRINCIPAL_CHARS)
+    if wrong:
+        raise InvalidMemory(
+            "principal",
+            f"may hold only ASCII letters, digits and _.@+- (found {''.join(wrong)!r} in "
+            f"{principal!r})",
+        )
+    return principal
 
 
 def check_key(key: Any) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import clock, validation
+from . import clock, signals, validation
 from .cache import MemoryCache
 from .conf import get_config
 from .defects import (
@@ -38,7 +38,7 @@ from .defects import (
 from .defects import NONE as NO_DEFECTS
 from .errors import IdempotencyKeyReused, InvalidMemory, ReentrantWrite, VersionConflict
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
-from .records import MemoryRecord
+from .records import VALUE_OPS, MemoryRecord
 from .retries import Retrier
 from .semantic import named
 from .sql import (
@@ -136,7 +136,27 @@ class WritePath:
         Raises :class:`ReentrantWrite` when called from inside another write of this database
         on this thread (an ``update``'s ``fn``), before any statement."""
         with self._only_write():
-            return self._write_all(session_id, changes)
+            results = self._write_all(session_id, changes)
+        self._notify(session_id, changes, results)
+        return results
+
+    def _notify(self, session_id: str, changes: dict[str, Change], results: dict[str, Any]) -> None:
+        """The signals of what was written, sent once it is committed (agentmemory.signals)."""
+        for key, result in results.items():
+            op = changes[key].op
+            if not result:
+                continue
+            if op in VALUE_OPS:
+                if not result.replayed:
+                    signals.after_commit(signals.memory_written, self.using, record=result)
+            elif op == Op.FORGET:
+                signals.after_commit(
+                    signals.memory_forgotten, self.using, session_id=session_id, key=key
+                )
+            elif op == Op.EXPIRE:
+                signals.after_commit(
+                    signals.memory_expired, self.using, session_id=session_id, key=key
+                )
 
     @contextlib.contextmanager
     def _only_write(self) -> Iterator[None]:

@@ -19,9 +19,7 @@ children), per saver. No speed is asserted anywhere.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sqlite3
 import statistics
 import sys
@@ -31,9 +29,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,18 +42,20 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402
+from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 from agentmemory import CheckpointConflict, MemoryStore, aio  # noqa: E402
 from agentmemory.integrations.langgraph import AgentMemorySaver  # noqa: E402
-from bench.run import available_backends, progress  # noqa: E402
+from bench.run import available_backends, progress, run_header, write_results  # noqa: E402
 
 SIZES = {
-    "full": {"sizes": (10, 10_000), "calls": 200, "repeats": 3, "rounds": 10},
-    "quick": {"sizes": (10, 200), "calls": 20, "repeats": 1, "rounds": 3},
+    "full": {"sizes": (10, 10_000), "calls": 200, "repeats": 3, "rounds": 10, "runs": 500},
+    "quick": {"sizes": (10, 200), "calls": 20, "repeats": 1, "rounds": 3, "runs": 20},
 }
 OURS = "AgentMemorySaver"
+WALK = "AgentMemorySaver with LangGraph's default walk"
 
 
 def messages(n: int) -> list[dict[str, str]]:
@@ -200,6 +199,44 @@ def one_node_graph(saver: BaseCheckpointSaver) -> Any:
     return graph.compile(checkpointer=saver)
 
 
+def appended(state: list[int] | None, writes: list[list[int]]) -> list[int]:
+    return [*(state or []), *(item for write in writes for item in write)]
+
+
+class Items(TypedDict):
+    items: Annotated[list, DeltaChannel(appended, snapshot_frequency=1_000_000)]
+    n: int
+
+
+def delta_thread(saver: BaseCheckpointSaver, runs: int) -> dict[str, Any]:
+    """A thread of a graph whose channel ``items`` is a ``DeltaChannel`` that never snapshots:
+    ``runs`` runs of one node, two checkpoints each; the latest checkpoint's config."""
+    graph = StateGraph(Items)
+    graph.add_node("add", lambda state: {"items": [state["n"]], "n": state["n"] + 1})
+    graph.add_edge(START, "add")
+    graph.add_edge("add", END)
+    compiled = graph.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": f"delta-{uuid.uuid4().hex[:10]}"}}
+    for n in range(runs):
+        compiled.invoke({"n": n}, config)
+    return saver.get_tuple(config).config
+
+
+def delta_rates(saver: BaseCheckpointSaver, name: str, runs: int, calls: int) -> dict[str, float]:
+    """``get_delta_channel_history`` of a thread's latest checkpoint, the walk crossing every
+    checkpoint of :func:`delta_thread`: the saver's, and (ours) LangGraph's default walk."""
+    config = delta_thread(saver, runs)
+    figures = {
+        name: rate(
+            calls, lambda: saver.get_delta_channel_history(config=config, channels=["items"])
+        )
+    }
+    if name == OURS:
+        default = BaseCheckpointSaver.get_delta_channel_history
+        figures[WALK] = rate(calls, lambda: default(saver, config=config, channels=["items"]))
+    return figures
+
+
 def rate(calls: int, call: Callable[[], Any]) -> float:
     started = time.perf_counter()
     for _ in range(calls):
@@ -257,15 +294,16 @@ def main() -> None:
     args = parser.parse_args()
     size = SIZES["quick" if args.quick else "full"]
     backends = available_backends(args.backends.split(","))
-    results: dict[str, Any] = {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}",
-        "calls": size["calls"],
-        "repeats": size["repeats"],
-        "throughput": {},
-        "forks": {},
-    }
+    results: dict[str, Any] = run_header(
+        **{
+            "calls": size["calls"],
+            "repeats": size["repeats"],
+            "throughput": {},
+            "forks": {},
+            "delta": {},
+            "delta runs": size["runs"],
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="bench-checkpointers-") as tmp:
         folder = Path(tmp)
         for alias in backends:
@@ -286,14 +324,15 @@ def main() -> None:
                     for name, figures in samples.items()
                 }
             for name, saver in made.items():
+                progress(f"{alias}: {name}, a DeltaChannel's history over {2 * size['runs']:,}")
+                found = delta_rates(saver, name, size["runs"], max(size["calls"] // 20, 3))
+                results["delta"].setdefault(alias, {}).update(found)
+            for name, saver in made.items():
                 progress(f"{alias}: {name}, two writers on one latest checkpoint")
                 results["forks"][f"{alias}: {name}"] = forks(saver, size["rounds"])
             aio.close_connections()
             connections[alias].close()
-    out = ROOT / ("out" if args.quick else "docs")
-    (out / "checkpointer-benchmarks.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "checkpointer-benchmarks.md").write_text(render(results))
-    print(render(results))
+    write_results("checkpointer-benchmarks", results, render, args.quick)
 
 
 FIGURES = ("put", "put_writes", "get_tuple", "list", "graph step")
@@ -327,6 +366,19 @@ def render(results: dict[str, Any]) -> str:
                 for k in FIGURES
             ]
             lines.append(f"| {where} | {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"**A `DeltaChannel`'s history** (`get_delta_channel_history` of a thread's latest "
+        f"checkpoint, {2 * results['delta runs']:,} checkpoints back to the thread's root: the "
+        "graph's load when the channel has not snapshotted): calls/s, and ours' ratio to each.",
+        "",
+        "| backend | saver | calls/s |",
+        "|---|---|---|",
+    ]
+    for where, by_name in results["delta"].items():
+        for name, figure in by_name.items():
+            ratio = "" if name == OURS else f" ({by_name[OURS] / figure:.2f})"
+            lines.append(f"| {where} | {name} | {figure:,.1f}{ratio} |")
     lines += [
         "",
         "**Two writers on one latest checkpoint** (both load it, then both put its child): "

@@ -57,6 +57,37 @@ SIZES = {
 }
 
 
+def run_header(**figures: Any) -> dict[str, Any]:
+    """A results dict's first entries: when and on what machine it was measured, then
+    ``figures``' (calls, repeats, the tables the benchmark fills)."""
+    return {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}",
+        **figures,
+    }
+
+
+def write_results(
+    name: str,
+    results: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    quick: bool,
+    chart: Callable[[dict[str, Any], Path], None] | None = None,
+) -> None:
+    """``<name>.json`` and ``<name>.md`` (and ``<name>.png`` with ``chart``) into docs/, or
+    into out/ for a quick run (a loaded machine's figures are not worth publishing); the page
+    printed too."""
+    out = ROOT / ("out" if quick else "docs")
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    page = render(results)
+    (out / f"{name}.md").write_text(page)
+    if chart is not None:
+        chart(results, out / f"{name}.png")
+    print(page)
+
+
 def progress(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 

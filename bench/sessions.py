@@ -21,16 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +43,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from agentmemory import MemoryStore  # noqa: E402
-from bench.run import available_backends, progress  # noqa: E402
+from bench.run import available_backends, progress, run_header, write_results  # noqa: E402
 
 SIZES = {
     "full": {"sizes": (10, 10_000), "calls": 200, "repeats": 3, "log": 100_000},
@@ -225,16 +222,13 @@ def main() -> None:
     args = parser.parse_args()
     size = SIZES["quick" if args.quick else "full"]
     backends = available_backends(args.backends.split(","))
-    results: dict[str, Any] = {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}",
-        "calls": size["calls"],
-        "repeats": size["repeats"],
-        "openai": {},
-        "adk": {},
-        "log": {},
-    }
+    results: dict[str, Any] = run_header(
+        calls=size["calls"],
+        repeats=size["repeats"],
+        openai={},
+        adk={},
+        log={},
+    )
     with tempfile.TemporaryDirectory(prefix="bench-sessions-") as tmp:
         folder = Path(tmp)
         for alias in backends:
@@ -272,10 +266,7 @@ def main() -> None:
             progress(f"{alias}: an append at 10 and at {size['log']:,} items")
             results["log"][alias] = log_append_cost(alias, size["log"], size["calls"])
             connections[alias].close()
-    out = ROOT / ("out" if args.quick else "docs")
-    (out / "session-benchmarks.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "session-benchmarks.md").write_text(render(results))
-    print(render(results))
+    write_results("session-benchmarks", results, render, args.quick)
 
 
 def render(results: dict[str, Any]) -> str:

@@ -1,4 +1,8 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    # The readiness view (docs/observability.md): GET agentmemory/status.
+    path("agentmemory/", include("agentmemory.urls")),
+]

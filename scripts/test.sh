@@ -93,8 +93,10 @@ for backend in $BACKENDS; do
     rm -f test_agentmemory.sqlite3* examples/agent_backend/test_agent_backend*.sqlite3*
   fi
   log=$(mktemp)
+  mkdir -p out/junit  # each test's time, for what makes the suite long
   # Redis database 15 is the suite's own: the cache tests clear it.
-  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 "${args[@]}" 9>&- 2>&1 | tee "$log"
+  REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/15} DATABASE_URL=${URLS[$backend]} $PY -m pytest -p no:cacheprovider -q --durations=10 \
+    --junitxml="out/junit/$backend.xml" "${args[@]}" 9>&- 2>&1 | tee "$log"
   code=${PIPESTATUS[0]}
   line=$(grep -E '^[=]* ?[0-9]+ (passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//')
   passed=$(grep -oE '[0-9]+ passed' <<<"$line" | cut -d' ' -f1); passed=${passed:-0}

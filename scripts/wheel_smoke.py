@@ -3,8 +3,8 @@ repository, with nothing of the repository on the path.
 
     python scripts/wheel_smoke.py dist/django_agentmemory-X.Y.Z-py3-none-any.whl
 
-Then ``django-admin startproject``, ``agentmemory`` added to INSTALLED_APPS with the SQLite
-options the README gives, ``check``, ``migrate``, ``memcheck``, ``memcheck --self-test``, the
+Then a plain script's ``agentmemory.setup(url)`` (no project), ``django-admin startproject``,
+``agentmemory`` added to INSTALLED_APPS with the SQLite options the README gives, ``check``, ``migrate``, ``memcheck``, ``memcheck --self-test``, the
 admin's pages (the templates must be in the wheel), and a test of the user's own through the
 pytest plugin (its entry point must be registered). Exits non-zero at the first step that fails,
 naming it.
@@ -115,6 +115,16 @@ def main(wheel: str) -> None:
         if str(repository) in where:
             raise SystemExit(f"smoke: agentmemory was imported from the repository: {where}")
         print(f"smoke: installed at {where.strip()}")
+        step(
+            "setup without a project",
+            python,
+            "-c",
+            "import agentmemory; store = agentmemory.setup('sqlite:///standalone.db'); "
+            "store.remember('ada', 'k', 1); assert store.recall('ada', 'k').version == 1",
+            cwd=folder,
+            env=env,
+        )
+        (folder / "agentsite").mkdir()  # Django 5.2 wants the destination to exist (6.x makes it)
         step(
             "startproject",
             str(venv / "bin" / "django-admin"),

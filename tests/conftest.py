@@ -18,6 +18,15 @@ hypothesis_settings.register_profile("explore", derandomize=False)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
+def pytest_configure(config):
+    from django.conf import settings
+
+    # Django's advice for a suite's speed: pytest-django's admin_client makes a user with a
+    # password for each of ~200 tests a backend, and the default hasher (PBKDF2, 1.2 million
+    # rounds) spends 0.2-0.3 s of CPU on each -- minutes of a CI run whose cores are saturated.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture(params=["db", "redis"])
 def store(request) -> MemoryStore:
     """Every store test runs twice: on the database alone, and with the Redis tier."""
@@ -41,7 +50,8 @@ def pytest_collection_modifyitems(config, items):
     apply): ``server`` tests act on a server connection (SQLite runs in-process), ``sqlite`` tests
     on SQLite's own locking; ``cluster``
     tests need the nodes of a cluster (aliases node2, node3: a multi-host DATABASE_URL);
-    ``postgres`` tests are about PostgreSQL's driver settings; ``pg_ha`` tests need the local
+    ``postgres`` tests are about PostgreSQL's driver settings, ``mysql`` tests the MySQL
+    family's own read paths; ``pg_ha`` tests need the local
     PostgreSQL HA cluster (one alias over several hosts: scripts/pg-ha.sh); ``mariadb_pair``
     tests the local MariaDB primary and replica behind their router (scripts/mariadb-pair.sh)."""
     from django.conf import settings
@@ -57,6 +67,8 @@ def pytest_collection_modifyitems(config, items):
         not_here.add("cluster")
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         not_here.add("postgres")
+    if not settings.DATABASES["default"]["ENGINE"].endswith("mysql"):
+        not_here.add("mysql")
     if "," not in str(settings.DATABASES["default"].get("HOST") or ""):
         not_here.add("pg_ha")
     if str(settings.DATABASES["default"].get("PORT") or "") != str(mysql_pair.ROUTER_PORT):

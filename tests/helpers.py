@@ -96,6 +96,19 @@ def inserts_a_version(sql: str) -> bool:
     return "insert into agentmemory_memoryversion" in sql or "agentmemory_upsert(" in sql
 
 
+def child_database_url() -> str:
+    """The URL of this test run's database, for a process started with the project's settings
+    (``manage.py`` in a subprocess): the SQLite file, or the suite's URL (one host or several: a
+    cluster) with the test database's name."""
+    import os
+    import re
+
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{name}"
+    return re.sub(r"/[^/?]*(\?|$)", rf"/{name}\1", os.environ["DATABASE_URL"], count=1)
+
+
 def run_until_it_dies(fn: Callable[..., Any], args: tuple, agentmemory: dict[str, Any]) -> int:
     """Run fn(*args) in a fresh process (spawned) on this test's database, with these
     ``AGENTMEMORY`` settings; wait for it to end, however it ends. Returns its exit code

@@ -6,7 +6,6 @@ got wrong (google/adk-python #4751 lost state under concurrent appends, #4954 cr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -16,14 +15,13 @@ from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
-from google.adk.models.base_llm import BaseLlm
-from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 
 from agentmemory import IdempotencyKeyReused, InvalidMemory, MemoryStore
 from agentmemory.integrations import adk
+from agentmemory.testing.adk import ScriptedLlm
 
 from .conftest import redis_alias, run_threads
 
@@ -46,20 +44,6 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
-class ScriptedLlm(BaseLlm):
-    """Answers each turn with the next reply and records the conversation it was given."""
-
-    replies: list[str] = []
-    seen: list[list[str]] = []
-
-    async def generate_content_async(self, llm_request, stream: bool = False) -> AsyncGenerator:
-        self.seen.append(
-            [part.text for content in llm_request.contents for part in content.parts if part.text]
-        )
-        text = self.replies.pop(0)
-        yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=text)]))
-
-
 def said(text: str) -> types.Content:
     return types.Content(role="user", parts=[types.Part(text=text)])
 
@@ -77,7 +61,6 @@ def event(text: str = "hi", delta: dict[str, Any] | None = None, **fields: Any) 
 # ---------------------------------------------------------------------- ADK's Runner
 
 
-# --8<-- [start:runner]
 def test_a_multi_turn_run_of_adk_keeps_the_conversation_and_the_state():
     model = ScriptedLlm(model="scripted", replies=["Hello Ada.", "Your name is Ada."], seen=[])
     agent = LlmAgent(name="assistant", model=model, instruction="Be brief.", output_key="last")
@@ -100,9 +83,6 @@ def test_a_multi_turn_run_of_adk_keeps_the_conversation_and_the_state():
     stored = run(service.get_session(app_name="app", user_id="ada", session_id="s1"))
     assert [e.author for e in stored.events] == ["user", "assistant", "user", "assistant"]
     assert stored.state["last"] == "Your name is Ada."  # output_key, from the state delta
-
-
-# --8<-- [end:runner]
 
 
 # ---------------------------------------------------------------------- ADK's session cases
@@ -474,6 +454,89 @@ def test_adding_a_session_again_writes_only_its_new_events_and_a_deleted_one_sta
         assert len(found.memories) == 2
 
     run(scenario())
+
+
+def entry(text: str, **fields: Any) -> Any:
+    from google.adk.memory.memory_entry import MemoryEntry
+
+    return MemoryEntry(content=said(text), **fields)
+
+
+def test_explicit_memories_are_kept_once_and_found_with_their_metadata():
+    service = memory_service()
+    where = adk._memories("app", "ada")
+
+    async def scenario() -> None:
+        memories = [
+            entry(
+                "Ada is allergic to peanuts", author="doctor", custom_metadata={"source": "form"}
+            ),
+            entry("Ada flies from Lyon", id="home-airport", timestamp="2026-12-01T10:00:00Z"),
+        ]
+        await service.add_memory(app_name="app", user_id="ada", memories=memories)
+        await service.add_memory(app_name="app", user_id="ada", memories=memories)  # a retry
+        found = await service.search_memory(app_name="app", user_id="ada", query="peanuts")
+        best = found.memories[0]
+        assert best.content.parts[0].text == "Ada is allergic to peanuts"
+        assert best.author == "doctor" and best.custom_metadata["source"] == "form"
+        assert best.id.startswith("entry-")
+        assert [v.version for v in await service.store.ahistory(where, best.id)] == [1]
+        assert [v.version for v in await service.store.ahistory(where, "home-airport")] == [1]
+        airport = await service.search_memory(app_name="app", user_id="ada", query="Lyon")
+        assert airport.memories[0].timestamp == "2026-12-01T10:00:00Z"
+        # Another user's memories are their own.
+        assert (
+            await service.search_memory(app_name="app", user_id="bob", query="Lyon")
+        ).memories == []
+
+    run(scenario())
+
+
+def test_memory_ids_that_differ_only_in_case_accents_or_a_space_are_three_memories():
+    service = memory_service()
+    where = adk._memories("app", "ada")
+    ids = ["home", "Home", "home ", "hôme"]
+    memories = [entry(f"Ada's home number {n}", id=i) for n, i in enumerate(ids)]
+    run(service.add_memory(app_name="app", user_id="ada", memories=memories))
+    stored = service.store.recall_many(where)
+    assert sorted(stored) == sorted(ids)
+    assert stored["home "].value["text"] == "Ada's home number 2"
+
+
+@pytest.mark.parametrize(
+    "memories, named",
+    [
+        ("Ada flies from Lyon", "memories"),  # a str where a list belongs
+        ([{"content": "Ada"}], "MemoryEntry"),  # a dict, not an entry
+        ([None], "MemoryEntry"),
+    ],
+)
+def test_add_memory_refuses_what_is_not_a_list_of_entries(memories, named):
+    with pytest.raises(InvalidMemory, match=named):
+        run(memory_service().add_memory(app_name="app", user_id="ada", memories=memories))
+
+
+def test_an_entry_without_text_or_with_a_bad_id_writes_nothing_of_the_call():
+    from google.adk.memory.memory_entry import MemoryEntry
+
+    service = memory_service()
+    where = adk._memories("app", "ada")
+    empty = MemoryEntry(content=types.Content(role="user", parts=[]))
+    with pytest.raises(InvalidMemory, match="entry 1 has no text"):
+        run(
+            service.add_memory(
+                app_name="app", user_id="ada", memories=[entry("kept?", id="a"), empty]
+            )
+        )
+    with pytest.raises(InvalidMemory, match="key"):
+        run(
+            service.add_memory(
+                app_name="app",
+                user_id="ada",
+                memories=[entry("kept?", id="b"), entry("x", id="bad\nid")],
+            )
+        )
+    assert service.store.recall_many(where) == {}
 
 
 def test_the_memory_service_needs_the_semantic_index():

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from agentmemory import MemoryStore
+from agentmemory.cache import entry_version
 from agentmemory.models import Memory
 
 from .conftest import redis_alias
@@ -106,10 +107,12 @@ def test_editing_the_value_writes_a_new_version_through_the_store(admin_client, 
         change_url(memory()), {"value": json.dumps({"a": 2}), "loaded_version": 1}
     )
     assert response.status_code == 302, response.content.decode()[:2000]
+    # The Redis tier was updated on commit: its entry holds version 2 before anything reads it
+    # (a read could find the fence expired on a loaded machine and go to the database).
+    assert entry_version(agent.cache.client.get(agent.cache.entry_key("s", "k"))) == 2
     record = agent.recall("s", "k")
     assert (record.version, record.value) == (2, {"a": 2})
     assert abs((record.expires_at - expires).total_seconds()) < 5  # the edit kept the expiry
-    assert agent.last_read_source == "cache"  # the Redis tier was updated on commit
     assert versions(agent) == [(1, "write"), (2, "write")]
     entry = LogEntry.objects.get()
     assert "version 1 -> 2" in entry.change_message

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -30,6 +31,31 @@ def navigate(browser, act):
     wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
 
 
+def log_in(browser, url: str, username: str, password: str) -> None:
+    """Open the login page ``url`` and log in, waiting for the page the form loads. Each attempt
+    finds the fields afresh: a page replaced between finding an element and using it (met once
+    in a suite run: "Node with given id does not belong to the document") is tried again, not
+    failed; any other error is raised."""
+
+    def attempt(driver) -> bool:
+        try:
+            for name, value in (("username", username), ("password", password)):
+                field = driver.find_element(By.NAME, name)
+                field.clear()
+                field.send_keys(value)
+            navigate(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
+        except StaleElementReferenceException:
+            return False
+        except WebDriverException as exc:
+            if "does not belong to the document" not in str(exc):
+                raise
+            return False
+        return True
+
+    browser.get(url)
+    WebDriverWait(browser, 30).until(attempt)
+
+
 def test_an_operator_reverts_a_memory_in_the_browser(live_server, browser, tmp_path):
     redis_alias()
     store = MemoryStore()
@@ -39,10 +65,12 @@ def test_an_operator_reverts_a_memory_in_the_browser(live_server, browser, tmp_p
     store.remember("agent-7", "preferences", {"language": "de"})
     User.objects.create_superuser("operator", password="a long demo password")
 
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/agentmemory/memory/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys("a long demo password")
-    navigate(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
+    log_in(
+        browser,
+        f"{live_server.url}/admin/login/?next=/admin/agentmemory/memory/",
+        "operator",
+        "a long demo password",
+    )
 
     search = browser.find_element(By.ID, "searchbar")
     search.send_keys("agent-42/pref")

@@ -14,7 +14,8 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from agentmemory import MemoryStore
 from agentmemory.integrations.langgraph import AgentMemorySaver
-from agentmemory.models import CheckpointThread, Log, Memory
+from agentmemory.integrations.mcp import create_token
+from agentmemory.models import CheckpointThread, Log, McpToken, Memory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,11 +47,13 @@ def pages(admin_client) -> list[str]:
     config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     stored = saver.put(config, empty_checkpoint(), {"step": 0}, {})
     saver.put_writes(stored, [("channel", 1)], task_id="task")
+    create_token("alice")
     urls = []
     for model, pk in [
         ("memory", Memory.objects.get().pk),
         ("log", Log.objects.get().pk),
         ("checkpointthread", CheckpointThread.objects.get().pk),
+        ("mcptoken", McpToken.objects.get().pk),
     ]:
         urls += [
             reverse(f"admin:agentmemory_{model}_changelist"),

@@ -209,6 +209,8 @@ def test_a_good_search_index_passes(settings):
         ({"CACHE_FENCE_SECONDS": float("inf")}, "agentmemory.E007", "CACHE_FENCE_SECONDS"),
         ({"MAX_VALUE_BYTES": 1.5}, "agentmemory.E005", "MAX_VALUE_BYTES"),
         ({"CAUSAL_READS": "no"}, "agentmemory.E022", "CAUSAL_READS"),
+        ({"OPENTELEMETRY": 1}, "agentmemory.E022", "OPENTELEMETRY"),
+        ({"TELEMETRY_RAW_IDS": "yes"}, "agentmemory.E022", "TELEMETRY_RAW_IDS"),
         ({"DATABASE": ["default"]}, "agentmemory.E002", "DATABASE"),
         ({"CACHE": ["x"]}, "agentmemory.E003", "CACHE"),
     ],

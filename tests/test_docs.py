@@ -6,9 +6,11 @@ A page's examples run in order in one namespace (a later example may use an earl
 ``store``), with ``INSTALLED_APPS``, ``DATABASES`` and ``CACHES`` as plain dicts for the settings
 snippets to fill; top-level ``await`` runs in an event loop. An example whose first line is
 ``# not run: <why>`` (a real model's embedder: tests download none) is compiled, never run, and
-listed by :func:`test_only_declared_examples_are_not_run`. An example made of snippet lines
-(``--8<-- "tests/test_x.py:section"``) shows a section of a test module of this suite, which pytest
-collects and runs like any other (:func:`test_included_examples_are_tests_of_this_suite`).
+listed by :func:`test_only_declared_examples_are_not_run`. An example whose first line is
+``# a script of its own`` is a whole script (agentmemory without a Django project): a new
+interpreter runs it in an empty folder, without the suite's settings. An example whose first line
+is ``# tests/...`` is a test module of the reader's suite: pytest collects it through the plugin
+(tests/test_docs_testing_page.py). No page includes an example from elsewhere.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.M | re.S)
 NOT_RUN = "# not run:"
-SNIPPET = re.compile(r'^--8<-- "(tests/test_[\w]+\.py):\w+"$')
+#: The first line of an example that is a whole script: run by a new interpreter, in a folder of
+#: its own, without the suite's settings -- as a reader who pastes it into a file runs it.
+SCRIPT = "# a script of its own"
+#: The first line of an example that is a test module of the reader's suite (docs/testing.md):
+#: collected and run by pytest through the plugin (tests/test_docs_testing_page.py).
+TEST_MODULE = "# tests/"
 
 
 def examples(page: Path) -> list[tuple[int, str]]:
@@ -55,15 +62,37 @@ def test_every_example_of_the_page_runs(page):
     }
     for line, code in examples(page):
         where = f"{page.relative_to(ROOT)}:{line}"
-        if all(SNIPPET.match(row) for row in code.splitlines()):
-            continue  # shown from a test module of this suite, which pytest runs itself
+        if code.startswith(TEST_MODULE):
+            continue  # a test of the reader's suite: tests/test_docs_testing_page.py runs it
         if code.startswith(NOT_RUN):
             compile(code, where, "exec")
+            continue
+        if code.startswith(SCRIPT):
+            run_script(code, where)
             continue
         try:
             run_example(code, namespace, where)
         except Exception as error:
             raise AssertionError(f"the example at {where} raised {error!r}") from error
+
+
+def run_script(code: str, where: str) -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")}
+    with tempfile.TemporaryDirectory(prefix="docs-script-") as folder:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    assert done.returncode == 0, f"the script at {where} failed:\n{done.stderr[-3000:]}"
 
 
 def _clear_the_cache_tier() -> None:
@@ -87,7 +116,11 @@ def test_only_declared_examples_are_not_run():
         if code.startswith(NOT_RUN)
     }
     # A real model's embedder (search.md): the suite downloads no model and reaches no network.
-    assert sorted(declared) == ["search.md:" + str(_line_of("search.md", "fastembed"))], declared
+    # An MCP client of a server on a port (mcp.md): tests/test_mcp.py drives that path.
+    assert sorted(declared) == [
+        "mcp.md:" + str(_line_of("mcp.md", "streamable_http_client")),
+        "search.md:" + str(_line_of("search.md", "fastembed")),
+    ], declared
 
 
 def _line_of(name: str, needle: str) -> int:
@@ -113,22 +146,12 @@ def test_the_configuration_page_lists_every_check_id():
     assert in_code and listed == in_code, (sorted(in_code - listed), sorted(listed - in_code))
 
 
-def test_included_examples_are_tests_of_this_suite():
-    included = [
-        row
-        for page in PAGES
-        for _, code in examples(page)
-        for row in code.splitlines()
-        if row.startswith("--8<--")
-    ]
-    assert included, "no page includes an example"
-    for row in included:
-        match = SNIPPET.match(row)
-        assert match, f"{row}: only test modules of tests/ may be included as examples"
-        module, section = match.group(1), row.rsplit(":", 1)[1].rstrip('"')
-        text = (ROOT / match.group(1)).read_text()
-        assert f"# --8<-- [start:{section}]" in text, f"{module} has no section {section}"
-        assert re.search(rf"\[start:{section}\]\n(@pytest[^\n]*\n)*def test_", text), row
+def test_every_example_is_in_its_page():
+    """No page includes its examples from elsewhere (a snippet include shows an include line on
+    GitHub and in an editor, not code): every example is the page's own, run by this suite."""
+    for page in PAGES:
+        for line, code in examples(page):
+            assert "--8<--" not in code, f"{page.name}:{line} includes an example, not shows it"
 
 
 def test_the_front_door_counts_the_self_tests_variants():
@@ -139,3 +162,79 @@ def test_the_front_door_counts_the_self_tests_variants():
     for page in (ROOT / "README.md", DOCS / "installation.md"):
         counted = re.findall(r"catches (\d+) kinds of planted bugs", page.read_text())
         assert counted == [str(len(Defect))], (page.name, counted)
+
+
+# ---------------------------------------------------------------------- in a new project
+
+#: The first words of a settings example: it goes into the project's settings.py.
+SETTINGS = ("INSTALLED_APPS", "DATABASES", "CACHES", "AGENTMEMORY")
+
+
+def _settings_example() -> str:
+    """installation.md's settings example: what a reader adds to a new project."""
+    (code,) = [c for _, c in examples(DOCS / "installation.md") if c.startswith("INSTALLED_APPS")]
+    return code
+
+
+@pytest.fixture(scope="session")
+def new_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``django-admin startproject`` of the interpreter the suite runs, nothing added."""
+    import subprocess
+    import sys
+
+    base = tmp_path_factory.mktemp("docs-project")
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", "agentsite", str(base)],
+        check=True,
+        env=_env(),
+        capture_output=True,
+    )
+    return base
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    drop = ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL", "OTHER_DATABASE_URL")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _kept_out(code: str) -> bool:
+    """Examples run elsewhere: scripts of their own, the reader's tests, the declared not-run."""
+    return code.startswith((SCRIPT, TEST_MODULE, NOT_RUN))
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if any(not _kept_out(c) for _, c in examples(p))],
+    ids=lambda p: p.name,
+)
+def test_the_page_runs_as_written_in_a_new_project(page, new_project, tmp_path):
+    """A reader's way through the page: a new ``startproject`` (with installation.md's settings
+    example, unless the page shows its own), the page's settings examples added to its
+    settings.py, ``migrate``, then the page's other examples in order in ``manage.py shell`` --
+    exactly as written, not in this suite's process or settings."""
+    import shutil
+    import subprocess
+    import sys
+
+    project = tmp_path / "project"
+    shutil.copytree(new_project, project)
+    codes = [code for _, code in examples(page) if not _kept_out(code)]
+    settings = [code for code in codes if code.startswith(SETTINGS)]
+    if not any(code.startswith("INSTALLED_APPS") for code in settings):
+        settings.insert(0, _settings_example())
+    path = project / "agentsite" / "settings.py"
+    path.write_text(path.read_text() + "\n\n" + "\n\n".join(settings) + "\n")
+    (project / "page.py").write_text("\n\n".join(c for c in codes if c not in settings))
+    for command in (["migrate", "-v0"], ["shell", "-c", "exec(open('page.py').read())"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *command],
+            cwd=project,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"{page.name}, manage.py {command[0]}:\n{done.stderr[-3000:]}"

@@ -175,3 +175,35 @@ def test_a_hold_nobody_reached_is_disarmed_and_never_stops_a_later_write():
     disarm(hold)
     assert not hold.reached.is_set() and hold.taken is None
     assert store.remember("elsewhere", "k", "v1").version == 1  # disarmed: no crash
+
+
+@pytest.mark.slow  # memcheck runs with their faults (the matrix leaves them to make test)
+@pytest.mark.parametrize("planted", [(), (Defect.HIT_EXPIRY_UNCHECKED,)], ids=["real", "variant"])
+def test_redis_clock_shows_a_hit_trusted_to_expire_with_its_entry_in_every_run(settings, planted):
+    """memcheck's redis-clock fault, a staged race on a key of its own: a memory served from
+    Redis, its entry stretched past the memory's expiry, read once the memory has expired. The
+    store as it ships returns nothing; the variant whose hits are not checked for their memory's
+    expiry returns the expired version -- an ``expired-read`` in every run, not only when a
+    workload's read happened to fall in the window (a CI run once missed it three times)."""
+    from agentmemory.consistency.runner import run_memcheck
+    from agentmemory.consistency.workloads import WorkloadConfig
+
+    redis_alias()
+    for seed in range(2):
+        result = run_memcheck(
+            "default",
+            WorkloadConfig(ops=30, workloads=("register",), seed=seed),
+            faults="lock",
+            defects=planted,
+        )
+        assert result.faults_injected.get("redis-clock") == 1, (
+            result.faults_injected,
+            result.fault_errors,
+        )
+        expired = [a for a in result.anomalies if a.check == "expired-read"]
+        if planted:
+            assert any(a.session_id.startswith("memcheck-clock-") for a in expired), (
+                result.anomalies
+            )
+        else:
+            assert result.anomalies == [] and result.fault_errors == []

@@ -9,6 +9,7 @@ import operator
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -192,6 +193,7 @@ def steps_in_a_process(thread: str, steps: int) -> int:
     return conflicts
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_four_processes_stepping_one_thread_leave_one_chain():
     """Four processes, 15 steps each, on one thread: every step lands, in one chain, and the
     races between them were conflicts the callers retried -- never a fork."""
@@ -495,3 +497,55 @@ def test_a_put_and_put_writes_whose_commit_answer_was_lost_are_stored_once(saver
     ]
     assert saver.get_tuple(child).pending_writes == [("task", "value", "w")]
     assert saver.store.retries["disconnect"] == 2
+
+
+@pytest.mark.mysql
+def test_a_thread_deleted_between_the_mysql_familys_two_reads_reads_as_deleted(saver):
+    """On the MySQL family a checkpoint is read in two statements (its row, then its blobs and
+    writes), each reading the database as it is then: a thread deleted between them must read
+    as the thread that is not there -- not as a checkpoint whose channels are silently empty,
+    which a graph would go on from."""
+    stored = put_step(saver, config("doomed"), "the thread's state")
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"value": "the thread's state"}
+    found = read_while_deleted(saver, "doomed", lambda: saver.get_tuple(config("doomed")))
+    assert found is None, found.checkpoint["channel_values"]
+
+
+def read_while_deleted(saver: AgentMemorySaver, thread: str, read: Callable[[], Any]) -> Any:
+    """What ``read()``, run in a thread of its own, returns when ``thread`` is deleted between
+    two of its statements (the hold point ``defects.hold_next_checkpoint_read``)."""
+    hold = defects.hold_next_checkpoint_read(lambda name, _keys: name == thread)
+    found: list[Any] = []
+
+    def reader() -> None:
+        try:
+            found.append(read())
+        finally:
+            connections.close_all()  # this thread's
+
+    worker = threading.Thread(target=reader)
+    worker.start()
+    try:
+        assert hold.reached.wait(10), "the read never got between its statements"
+        saver.delete_thread(thread)
+    finally:
+        defects.disarm(hold)
+        worker.join()
+    assert found, "the read raised"
+    return found[0]
+
+
+@pytest.mark.mysql
+def test_a_checkpoint_with_a_channel_written_empty_is_read_in_two_statements(saver):
+    """The look-up of a fractured read runs only when a version's row is missing: a channel
+    written empty has its row, so a whole checkpoint is still its rows and then its parts."""
+    from django.test.utils import CaptureQueriesContext
+
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"full": 1}
+    checkpoint["channel_versions"] = {"full": "1", "emptied": "1"}
+    stored = saver.put(config("empties"), checkpoint, {"step": 0}, {"full": "1", "emptied": "1"})
+    with CaptureQueriesContext(connection) as queries:
+        found = saver.get_tuple(stored)
+    assert found.checkpoint["channel_values"] == {"full": 1}
+    assert len(queries) == 2, [q["sql"][:80] for q in queries]

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 run = run_memcheck
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_memcheck_passes_on_the_locked_path_and_cleans_up(settings):
     code, out = run("--ops", "600", "--workers", "6")
     assert code == 0, out
@@ -70,7 +71,9 @@ def test_memcheck_json_report(tmp_path):
     # look-alikes Many 3, log streams 3, SDK session streams 3, ADK sessions 3, checkpoint
     # threads 3 read and listed), the second round paging through each reg key's history (3 x 3)
     # and reading each session's many keys by prefix (3 x 3), then a final search of each session
-    # (3 x the 3 search keys).
+    # (3 x the 3 search keys); the ttl workload's sliding-TTL probe: a write and two reads; and
+    # before the reads, a call with each TTL that is not positive (ttl=0, ttl=-1, remember_many
+    # with ttl=0).
     # A search race step is two searches (<id>, <id>-s1) and its partner's two writes (<id>-w0,
     # <id>-w1); a recall_many race step its read and its partner's remember_many (<id>-w0).
     calls = {
@@ -79,7 +82,7 @@ def test_memcheck_json_report(tmp_path):
         if op["client"] != "final"
     }
     assert len(calls) == 200
-    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 33 + 3 * 3 + 3 * 3 + 3 * 3
+    assert sum(op["client"] == "final" for op in ops) == 2 * 3 * 33 + 3 * 3 + 3 * 3 + 3 * 3 + 3 + 3
     assert set(report["latency_ms"]) >= {
         "recall",
         "remember",
@@ -149,8 +152,9 @@ def test_memcheck_faults_all_injects_every_kind_and_finds_nothing(vendor):
         | ({"db-kill"} if vendor != "sqlite" else set())
         | ({"db-failover"} if ha else set())
     )
+    # The errors first: a fault that did not play out says why there (CI's log cuts long reprs).
+    assert report["faults"]["errors"] == [], report["faults"]["errors"]
     assert set(injected) == expected and all(n >= 1 for n in injected.values()), report["faults"]
-    assert report["faults"]["errors"] == []
     assert report["faults"]["redis"].startswith("memcheck's own Redis")  # not the project's
     # The final reads after healing are in the history and were checked.
     assert report["counts"]["recall"]["ok"] > 0
@@ -216,6 +220,7 @@ def test_cache_faults_catch_a_warm_read_that_keeps_its_first_servers_identity():
     assert outcome.applicable and outcome.caught.get("stale-read", 0) >= 1, outcome
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_the_default_run_catches_a_tier_that_trusts_another_servers_entries(settings):
     """memcheck's default faults, on the project's own Redis, plant an older version stamped with
     another server process's identity in one of the run's keys (a snapshot restore's leftover):
@@ -243,6 +248,7 @@ def test_cache_faults_without_a_cache_tier_or_with_unsafe_exit_2(settings):
     assert info.value.returncode == 2
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_memcheck_workloads_can_be_chosen(tmp_path):
     history = tmp_path / "h.jsonl"
     code, report = run_json("--workloads", "list", "--ops", "200", "--history", str(history))
@@ -451,6 +457,7 @@ def test_the_report_tells_errors_the_contract_allows_from_anomalies_and_counts_c
     assert "info: no answer" in text
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_strict_makes_refusals_no_fault_explains_anomalies(settings):
     """``--strict``: the real store under the lock fault refuses nothing. The declared seam, a
     store that gives up at once (RETRY: one attempt, a 0.2 s deadline -- shorter than the held
@@ -522,3 +529,49 @@ def test_each_race_step_commits_its_partners_writes_between_the_reads():
             ), (write, reads[0])
             between[family] += 1
     assert between["search"] >= 3 and between["many"] >= 3, between
+
+
+def test_via_mcp_runs_the_workloads_through_the_server_as_two_principals():
+    """``--via mcp``: every call a tool call of the MCP server, as one of two principals whose
+    sessions share names; the checks judge what it stored, where; nothing is left behind. A
+    server that forgets the principal's prefix (the declared seam) is caught."""
+    from agentmemory.consistency.mcp import PRINCIPALS
+    from agentmemory.consistency.runner import run_memcheck as run_api
+
+    redis_alias()
+    config = WorkloadConfig(ops=200, workloads=("register", "isolation", "idempotent"), via="mcp")
+    result = run_api("default", config)
+    assert result.anomalies == [], result.anomalies[:3]
+    sessions = {op.session_id for op in result.history.operations}
+    for principal in PRINCIPALS:
+        assert any(s.startswith(f"mcp:{principal}:memcheck-{result.run_id}-") for s in sessions)
+    assert not Memory.objects.filter(session_id__contains=result.run_id).exists()
+    broken = run_api("default", config, defects=(Defect.MCP_SHARED_SESSIONS,))
+    checks = {a.check for a in broken.anomalies}
+    assert {"cross-session-read", "lost-update"} <= checks, checks
+    assert not Memory.objects.filter(session_id__contains=broken.run_id).exists()
+
+
+def test_via_mcp_refuses_the_workloads_its_tools_do_not_cover():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=r"--via mcp runs the workloads .* not ttl, log") as info:
+        call_command("memcheck", "--via", "mcp", "--workloads", "register,ttl,log")
+    assert info.value.returncode == 2
+
+
+@pytest.mark.slow  # memcheck runs with a self-test variant: every backend in make test
+def test_the_sliding_ttl_probe_catches_a_read_that_renews_the_expiry_in_every_run():
+    """The ttl workload ends with a probe (a memory with a 0.6 s TTL, read at 60 % of it, read
+    again just after it): the variant ttl-renewed-on-read shows as an expired-read on the probe's
+    key in every run -- a CI run on PostgreSQL once missed it three times when only the
+    workload's 150 ms TTLs could show it; the store as it ships reads nothing there."""
+    from agentmemory.consistency.runner import run_memcheck as run_api
+
+    for seed in range(2):
+        config = WorkloadConfig(ops=100, workloads=("ttl",), seed=seed)
+        clean = run_api("default", config)
+        assert clean.anomalies == [], clean.anomalies[:3]
+        broken = run_api("default", config, defects=(Defect.TTL_RENEWED_ON_READ,))
+        probe = {a.check for a in broken.anomalies if a.key == "ttl-probe"}
+        assert "expired-read" in probe, broken.anomalies[:5]

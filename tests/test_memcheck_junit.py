@@ -71,6 +71,7 @@ def test_a_clean_run_is_one_passing_case_per_check(tmp_path):
     assert {p.get("name") for p in suite.find("properties")} >= {"run_id", "database", "seed"}
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_a_run_with_anomalies_fails_their_checks_with_their_explanations(tmp_path):
     path = tmp_path / "memcheck.xml"
     assert memcheck("--ops", "600", "--unsafe", "--faults", "none", "--junit", str(path)) == 1

@@ -23,6 +23,7 @@ def memcheck(*args: str) -> tuple[int, dict]:
     return code, json.loads(out.getvalue())
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 @pytest.mark.parametrize("unsafe", [False, True], ids=["clean", "unsafe"])
 def test_checking_a_saved_history_again_gives_the_runs_result(tmp_path, unsafe):
     path = tmp_path / "history.jsonl"

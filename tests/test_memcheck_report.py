@@ -35,6 +35,7 @@ def assert_self_contained(folder: Path) -> str:
     return page
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_a_report_shows_each_anomaly_with_its_operations(tmp_path):
     """An --unsafe run (which checks catch it varies with the backend's timing: lost updates,
     CAS violations, two pops of one log item...): each failed check links to its section, where
@@ -62,6 +63,7 @@ def test_a_report_shows_each_anomaly_with_its_operations(tmp_path):
     assert memcheck("--check", str(folder / "history.jsonl")) == 1
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_a_clean_run_with_faults_shows_their_windows(tmp_path):
     folder = tmp_path / "report"
     assert memcheck("--ops", "300", "--faults", "lock", "--report", str(folder)) == 0

@@ -10,45 +10,19 @@ from typing import Any
 
 import pytest
 from agents import Agent, Runner, set_tracing_disabled
-from agents.items import ModelResponse
 from agents.memory import Session
 from agents.memory.session_settings import SessionSettings
-from agents.models.interface import Model
-from agents.usage import Usage
 from django.db import connections, transaction
-from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
 from agentmemory import InvalidMemory, MemoryStore
 from agentmemory.integrations.openai_agents import STREAM, AgentMemorySession
 from agentmemory.models import Log
+from agentmemory.testing.openai_agents import ScriptedModel
 
 from .conftest import run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 set_tracing_disabled(True)  # tracing would export to OpenAI: no network in the suite
-
-
-class ScriptedModel(Model):
-    """Answers each turn with the next of ``replies`` and records the input it was given."""
-
-    def __init__(self, replies: list[str]) -> None:
-        self.replies = list(replies)
-        self.inputs: list[Any] = []
-
-    async def get_response(self, system_instructions, input, *args, **kwargs) -> ModelResponse:
-        self.inputs.append(input)
-        text = self.replies.pop(0)
-        message = ResponseOutputMessage(
-            id=f"msg_{len(self.inputs)}",
-            type="message",
-            role="assistant",
-            status="completed",
-            content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
-        )
-        return ModelResponse(output=[message], usage=Usage(), response_id=None)
-
-    def stream_response(self, *args, **kwargs):
-        raise NotImplementedError("the suite runs the SDK without streaming")
 
 
 def contents(items: list[Any]) -> list[Any]:
@@ -60,7 +34,6 @@ def contents(items: list[Any]) -> list[Any]:
     return said
 
 
-# --8<-- [start:runner]
 def test_a_multi_turn_run_of_the_sdk_keeps_the_conversation():
     model = ScriptedModel(["Hi! I'm the agent.", "You said your name is Ada."])
     agent = Agent(name="assistant", instructions="Be brief.", model=model)
@@ -81,9 +54,6 @@ def test_a_multi_turn_run_of_the_sdk_keeps_the_conversation():
     stored = MemoryStore(cache=None).read_log("user-42", STREAM)
     assert [item.seq for item in stored] == [1, 2, 3, 4]
     assert contents([item.value for item in stored])[-1] == "You said your name is Ada."
-
-
-# --8<-- [end:runner]
 
 
 def test_it_is_a_session_of_the_sdk():
@@ -254,3 +224,105 @@ def test_a_cancelled_add_items_is_finished_before_the_cancellation_returns():
         release.set()
         holder.join(30)
     assert seen == ["before", "one", "two", "three"]
+
+
+# ---------------------------------------------------------------------- compaction (#45, item 4)
+
+
+class FakeCompactingClient:
+    """``client.responses.compact`` as the SDK calls it: the whole input becomes one summary
+    message (records what it was given)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.responses = self
+
+    async def compact(self, **kwargs: Any) -> Any:
+        from types import SimpleNamespace
+
+        self.calls.append(kwargs)
+        summary = {
+            "type": "message",
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": f"summary of {len(kwargs.get('input', []))}"}
+            ],
+        }
+        return SimpleNamespace(output=[summary], usage=None)
+
+
+def user_items(*texts: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text} for text in texts]
+
+
+def test_the_sdks_compaction_session_replaces_the_history_at_once():
+    """``OpenAIResponsesCompactionSession`` over ours: a forced compaction goes through the
+    atomic replacement hook -- one clear and one append, committed together."""
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    class Watched(AgentMemorySession):
+        replaced: list[int] = []
+
+        async def _atomic_replace_items(self, items: list[Any]) -> bool:
+            self.replaced.append(len(items))
+            return await super()._atomic_replace_items(items)
+
+    session = Watched("compact-1")
+    asyncio.run(session.add_items(user_items("a", "b", "c")))
+    client = FakeCompactingClient()
+    compacting = OpenAIResponsesCompactionSession("compact-1", session, client=client)
+    asyncio.run(compacting.run_compaction({"force": True}))
+    assert Watched.replaced == [1]  # the SDK took the atomic path, not a clear and an add
+    assert contents(asyncio.run(session.get_items())) == ["summary of 3"]
+    events = [e.op for e in MemoryStore(cache=None).log_history("compact-1", STREAM)]
+    assert events == ["append", "clear", "append"]
+
+
+def test_a_compaction_snapshot_is_replaced_only_while_it_is_still_the_end_of_the_log():
+    session = AgentMemorySession("compact-2")
+    asyncio.run(session.add_items(user_items("a", "b", "c", "d")))
+    snapshot = asyncio.run(session._get_compaction_snapshot(3))
+    assert contents(snapshot.items) == ["b", "c", "d"] and snapshot.complete is False
+    # Another writer adds an item: the snapshot's suffix is no longer the end -- nothing
+    # replaced, the new item kept.
+    asyncio.run(AgentMemorySession("compact-2").add_items(user_items("e")))
+    summary = user_items("summary")
+    assert asyncio.run(snapshot.replace_suffix(1, summary)) is False
+    assert contents(asyncio.run(session.get_items())) == ["a", "b", "c", "d", "e"]
+    fresh = asyncio.run(session._get_compaction_snapshot(10))
+    assert fresh.complete is True
+    assert asyncio.run(fresh.replace_suffix(3, summary)) is True
+    assert contents(asyncio.run(session.get_items())) == ["a", "b", "c", "summary"]
+
+    def drop_a(item: dict[str, Any]) -> bool:
+        return item.get("content") == "a"
+
+    last = asyncio.run(session._get_compaction_snapshot(10, prune_prefix=drop_a))
+    assert asyncio.run(last.replace_suffix(2, user_items("s3"))) is True
+    assert contents(asyncio.run(session.get_items())) == ["b", "s3"]
+    assert asyncio.run(AgentMemorySession("empty")._get_compaction_snapshot(5)).items == []
+
+
+def test_a_reader_never_sees_a_compaction_half_done():
+    """One thread replaces the history again and again (the hook compaction uses), others
+    read it: every read is the whole old history or the whole new one -- the SDK's fallback,
+    a clear and then an add, shows readers an empty session between them."""
+    old, new = user_items(*"abcde"), user_items("summary")
+    session = AgentMemorySession("compact-3")
+    asyncio.run(session.add_items(old))
+    done = threading.Event()
+
+    def work(worker: int) -> list[int]:
+        sizes = []
+        if worker == 0:
+            for n in range(30):
+                asyncio.run(session._atomic_replace_items(new if n % 2 == 0 else old))
+            done.set()
+        else:
+            reader = AgentMemorySession("compact-3")
+            while not done.is_set():
+                sizes.append(len(asyncio.run(reader.get_items())))
+        return sizes
+
+    seen = {size for sizes in run_threads(work, 3) for size in sizes}
+    assert seen and seen <= {1, 5}, seen

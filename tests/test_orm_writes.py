@@ -145,6 +145,7 @@ def test_forgetcache_without_a_tier_or_with_an_unknown_alias_exits_2(settings):
 
 
 # ---------------------------------------------------------------------- memcheck --faults orm
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_memcheck_orm_faults_find_nothing_wrong(tier):
     """ORM deletes and updates of memories the tier holds, while the workload runs: every read
     after one committed misses what it removed (check orm-bulk), and nothing else is found."""
@@ -155,6 +156,7 @@ def test_memcheck_orm_faults_find_nothing_wrong(tier):
     assert code == 0, [(a["check"], a["message"]) for a in report["anomalies"][:5]]
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_the_self_test_catches_an_orm_write_that_leaves_the_tier_ahead(tier):
     """The variant orm-write-unseen (the ORM's invalidation skipped, through its declared seam)
     runs under the orm faults whatever the run's faults are, and check orm-bulk catches it."""

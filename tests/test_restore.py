@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from agentmemory.consistency import dumps
 from agentmemory.models import CacheIncarnation, MemoryVersion
 
 from .conftest import redis_alias
+from .helpers import child_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,11 +78,7 @@ def renewals(store: MemoryStore, count: int) -> None:
 
 def in_another_process(key: str = "k") -> tuple[int, object] | None:
     """What a new process -- nothing of this one in memory -- recalls through the same tier."""
-    name = connection.settings_dict["NAME"]
-    if connection.vendor == "sqlite":
-        url = f"sqlite:///{name}"
-    else:  # the suite's URL (one host or several: a cluster) on the test database
-        url = re.sub(r"/[^/?]*(\?|$)", rf"/{name}\1", os.environ["DATABASE_URL"], count=1)
+    url = child_database_url()
     code = (
         "import django, json; django.setup()\n"
         "from django.conf import settings\n"
@@ -285,6 +281,7 @@ def test_repaircache_without_a_tier_or_with_an_unknown_alias_exits_2(settings):
 # ------------------------------------------------------------------ memcheck --faults restore
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_memcheck_restore_faults_find_only_what_the_database_lost(tier):
     """Dumps of the run's sessions put back while the workload runs, Redis tier on: every
     anomaly is the database's own loss, named as the restore's; the tier served nothing it lost
@@ -300,6 +297,7 @@ def test_memcheck_restore_faults_find_only_what_the_database_lost(tier):
     assert "restored" in report["anomalies"][0]["message"]
 
 
+@pytest.mark.slow  # memcheck runs with faults, self-test variants, processes: every backend in make test; not the matrix
 def test_the_self_test_catches_a_renewal_that_does_not_check_for_a_restore(tier):
     """The variant restore-unseen runs under restores whatever the run's faults are, and is
     caught; the real store passes under the same faults (test above)."""

@@ -32,9 +32,10 @@ on the project's own Redis: they touch only the run's throw-away keys.
   the identity of another Redis server process -- what a Redis restarted from an old snapshot,
   or a replica promoted before it received the newest writes, hands back. A tier that trusted
   it (one that skipped the server-identity check) serves a stale read.
-* ``redis-clock``: Redis' clock steps back -- for a second, the entries of the run's memories
-  that expire live ten seconds longer than their memories (``PEXPIRE``). A tier that did not
-  check a hit's expiry itself, trusting Redis' TTL, serves an expired memory.
+* ``redis-clock``: Redis' clock steps back -- the entries of memories that expire live ten
+  seconds longer than their memories (``PEXPIRE``): a memory of the fault's own, served from
+  Redis, then read once it has expired, and the run's own, for the final reads. A tier that did
+  not check a hit's expiry itself, trusting Redis' TTL, serves an expired memory.
 
 And with a cache tier, under ``--faults db``, ``all`` or ``orm``:
 
@@ -136,10 +137,10 @@ LOCAL_FAULTS = frozenset({"db-kill", "cache-kill"})
 #: Thread-name prefix of the workload's clients: only their connections are killed or tuned.
 WORKER_THREAD_PREFIX = "memcheck-client-"
 
-#: The redis-clock fault: how far Redis' clock steps back, and for how long new entries are
-#: stretched so.
+#: The redis-clock fault: how far Redis' clock steps back, and the TTL of its own memory (long
+#: enough for it to be served from Redis first).
 CLOCK_STEP_SECONDS = 10.0
-CLOCK_STEP_WINDOW = 1.0
+CLOCK_TTL_SECONDS = 1.0
 
 #: How long the writer-crash, cache-evict and fence-race faults wait for the thread they stop.
 HOLD_SECONDS = 5.0
@@ -147,7 +148,7 @@ HOLD_SECONDS = 5.0
 #: once the workload's clients are done, one after the other, before the final reads -- they need
 #: no traffic, and fence-race needs the tier to itself (a fence renewal of the clients' would
 #: replay what it leaves pending). In the schedule they only lengthened a run's round of faults.
-QUIET_FAULTS = frozenset({"writer-crash", "cache-evict", "fence-race"})
+QUIET_FAULTS = frozenset({"redis-clock", "writer-crash", "cache-evict", "fence-race"})
 #: How many times a quiet fault sets up its race before it reports why it could not.
 QUIET_ATTEMPTS = 3
 
@@ -350,7 +351,9 @@ class Nemesis:
 
     def after_workload(self) -> None:
         """The faults that need the tier to themselves (:data:`QUIET_FAULTS`), once the
-        workload's clients are done."""
+        workload's clients are done. On new connections: this thread's may predate a fault
+        of the workload's that broke them (a failover, a killed connection)."""
+        connections.close_all()
         for kind in self.kinds:
             if kind not in QUIET_FAULTS:
                 continue
@@ -509,7 +512,48 @@ class Nemesis:
         return True
 
     def _cache_restart(self) -> bool:
-        self.redis.restart_from_older_snapshot()
+        """Redis restarted from a snapshot older than what it acknowledged since. Besides the
+        workload's keys, on a key of the fault's own: a memory served from Redis, the snapshot
+        taken, the memory written again, the restart (Redis back with the entry of the version
+        before) -- then recalls through the same tier, whose connections reconnect to the new
+        process, must give the version written: one that trusts the server identity its
+        connection learned before serves the snapshot's (a ``stale-read``). Every restart shows
+        it, where the workload's reads showed it only when one fell on a key the restart undid
+        before its next write."""
+        store, session_id = self._own_session("restart")
+        key = "k"
+        written: list[Any] = []
+        try:
+            store.remember(session_id, key, {"restart": 1})
+            try:
+                self._served_from_cache(store, session_id, key)
+            except Unstaged:  # the tier not serving yet (after another fault): the restart alone
+                self.redis.restart_from_older_snapshot()
+                return True
+            self.redis.restart_from_older_snapshot(
+                after_snapshot=lambda: written.append(
+                    store.remember(session_id, key, {"restart": 2})
+                )
+            )
+            for _ in range(3):
+                found = store.recall(session_id, key)
+                if found is None or found.version < written[0].version:
+                    self.findings.append(
+                        Anomaly(
+                            "stale-read",
+                            session_id,
+                            key,
+                            f"v{written[0].version} was acknowledged after Redis' snapshot; "
+                            f"Redis was restarted from that snapshot, then recall returned "
+                            f"{'nothing' if found is None else f'v{found.version}'} (from "
+                            f"{store.last_read_source}): the tier trusted what the new process "
+                            "reloaded",
+                            [],
+                        )
+                    )
+                    break
+        finally:
+            store.erase_session(session_id)
         return True
 
     def _cache_failover(self) -> bool:
@@ -519,34 +563,70 @@ class Nemesis:
 
     def _redis_clock(self) -> bool:
         """Redis' clock steps back (an NTP step, a VM resumed, a replica promoted whose clock was
-        behind): for :data:`CLOCK_STEP_WINDOW` seconds, every entry of the run's memories that
-        expire lives :data:`CLOCK_STEP_SECONDS` longer than its memory. A hit's own check of the
-        memory's expiry is then all that keeps an expired memory from being served."""
-        keys = list(
-            Memory.objects.using(self.database)
-            .filter(session_id__in=self.sessions, expires_at__isnull=False)
-            .values_list("session_id", "key")
-        )
-        if not keys:
-            return False
-        client = self.cache.client
-        names = [self.cache.entry_key(session_id, key) for session_id, key in keys]
+        behind): an entry outlives its memory by :data:`CLOCK_STEP_SECONDS`. On a key of the
+        fault's own: a memory with a TTL of :data:`CLOCK_TTL_SECONDS`, served from Redis, its
+        entry stretched (``PEXPIRE``); once the memory has expired -- by the store's clock --
+        while Redis still holds its entry, a recall must return nothing: the version is an
+        ``expired-read`` anomaly. A hit's own check of the memory's expiry is all that keeps it
+        from being served. The run's memories that expire are stretched too, for the final
+        reads."""
+        store, session_id = self._own_session("clock")
+        key = "k"
+        entry = self.cache.entry_key(session_id, key)
         step_ms = int(CLOCK_STEP_SECONDS * 1000)
-        deadline = time.monotonic() + CLOCK_STEP_WINDOW
-        while time.monotonic() < deadline and not self._stop.is_set():
-            pipe = client.pipeline(transaction=False)
-            for name in names:
-                pipe.pttl(name)
-            # An entry not stretched yet (a stretched one has more than the step left).
-            stretch = [
-                (n, t) for n, t in zip(names, pipe.execute(), strict=True) if 0 < t < step_ms
-            ]
-            pipe = client.pipeline(transaction=False)
-            for name, left in stretch:
-                pipe.pexpire(name, left + step_ms)
-            pipe.execute()
-            self._stop.wait(0.01)
+        try:
+            self._stretch(
+                [
+                    self.cache.entry_key(s, k)
+                    for s, k in Memory.objects.using(self.database)
+                    .filter(session_id__in=self.sessions, expires_at__isnull=False)
+                    .values_list("session_id", "key")
+                ],
+                step_ms,
+            )
+            written = store.remember(session_id, key, {"clock": 1}, ttl=CLOCK_TTL_SECONDS)
+            self._served_from_cache(store, session_id, key)
+            self._stretch([entry], step_ms)
+            assert written.expires_at is not None
+            # Wait for the event: the memory's expiry passing on the store's clock.
+            while (left := (written.expires_at - clock.now()).total_seconds()) >= 0:
+                time.sleep(left + 0.01)
+            # Redis may have dropped the entry meanwhile (a renewal that distrusted the tier,
+            # after a failover): the read below must find nothing all the same.
+            # The first read may find the fence gone and renew it; the next ones read Redis.
+            for _ in range(20):
+                found = store.recall(session_id, key)
+                if found is not None or store.last_read_source == "cache":
+                    break
+            if found is not None:
+                self.findings.append(
+                    Anomaly(
+                        "expired-read",
+                        session_id,
+                        key,
+                        f"v{found.version} expired at {written.expires_at.isoformat()} while "
+                        f"Redis' clock was {CLOCK_STEP_SECONDS:g} s behind; then recall "
+                        f"returned it (from {store.last_read_source}): a hit was trusted to "
+                        "expire with its Redis entry",
+                        [],
+                    )
+                )
+        finally:
+            store.erase_session(session_id)
         return True
+
+    def _stretch(self, names: list[str], step_ms: int) -> None:
+        """Every entry of ``names`` that expires lives ``step_ms`` longer (once: a stretched one
+        has more than the step left)."""
+        client = self.cache.client
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.pttl(name)
+        stretch = [(n, t) for n, t in zip(names, pipe.execute(), strict=True) if 0 < t < step_ms]
+        pipe = client.pipeline(transaction=False)
+        for name, left in stretch:
+            pipe.pexpire(name, left + step_ms)
+        pipe.execute()
 
     def _own_session(self, fault: str) -> tuple[Any, str]:
         """A store with the run's defects (a self-test variant's tier), and a session of the

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,9 @@ class RedisServer:
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
             "--logfile", str(log),
+            # A replica's full sync starts at once: Redis' default waits 5 s for more replicas
+            # to share a diskless transfer -- 5 s of every start, rejoin and restart here.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
@@ -240,9 +244,9 @@ class SentinelGroup:
         self.replica.start()
         for index in range(len(self.sentinel_ports)):
             self.sentinels.append(self._start_sentinel(index))
-        self.wait_until(
-            lambda: self._in_sync(self.primary, self.replica) and self._sentinels_see_each_other()
-        )
+        # The sentinels find each other by their hellos (every 2 s): only a failover needs
+        # that (fail_over waits for it), not the clients, which each sentinel answers at once.
+        self.wait_until(lambda: self._in_sync(self.primary, self.replica))
         return self
 
     def _start_sentinel(self, index: int) -> subprocess.Popen:
@@ -331,16 +335,19 @@ class SentinelGroup:
             f"127.0.0.1:{replica.port}, sentinels on {', '.join(map(str, self.sentinel_ports))}"
         )
 
-    def restart_from_older_snapshot(self) -> None:
+    def restart_from_older_snapshot(self, after_snapshot: Callable[[], Any] | None = None) -> None:
         """The crash a snapshot does not cover: the primary takes a snapshot (``SAVE``), goes on
         acknowledging writes -- until :data:`WRITES_AFTER_SNAPSHOT` more keys changed, or
         :data:`AFTER_SNAPSHOT_SECONDS` passed on an idle server -- then is ``kill -9``-ed and
         started again from that snapshot: the same server, but a new process, back with entries
         the old process stored and older than what it acknowledged since (Redis' own ``save``
         points do the same to a server that crashes between two of them). Then wait until it is
-        the primary again with its replica in sync."""
+        the primary again with its replica in sync. ``after_snapshot``: called once the snapshot
+        is taken, before the writes go on (a write the restart will undo)."""
         primary, replica = self.current()
         primary.save()
+        if after_snapshot is not None:
+            after_snapshot()
         deadline = time.monotonic() + AFTER_SNAPSHOT_SECONDS
         while time.monotonic() < deadline:
             changes = primary.client().info("persistence")["rdb_changes_since_last_save"]
@@ -414,6 +421,7 @@ class SentinelGroup:
     def fail_over(self) -> None:
         """``kill -9`` the primary right now, then wait until the sentinels have promoted the
         replica and it answers as a primary."""
+        self.wait_until(self._sentinels_see_each_other)  # a quorum that knows the replica
         primary, replica = self.current()
         primary.kill()
         self.wait_until(

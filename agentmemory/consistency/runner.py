@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from django.conf import settings
 from django.db import connections
+from django.db.models import Q
 from django.test.utils import override_settings
 
 from .. import clock
@@ -26,7 +27,7 @@ from ..defects import NONE as NO_DEFECTS
 from ..defects import Defect, Defects
 from ..models import Memory
 from ..store import MemoryStore
-from . import semantic
+from . import semantic, traces
 from .adk import delete_apps, load_apps
 from .bootstrap import setup_process
 from .checker import Anomaly
@@ -330,7 +331,7 @@ def run_memcheck(
         raise FaultsUnavailable("--unsafe runs without the cache tier: use --faults db or none")
     kinds = fault_kinds(faults, aliases[0], make_store(aliases[0], unsafe).cache, aliases[1:])
     with own_redis(kinds) as redis:
-        return _run(
+        result = _run(
             aliases,
             config,
             kinds,
@@ -342,6 +343,8 @@ def run_memcheck(
             progress,
             Defects(defects),
         )
+    traces.export(result)  # one trace of the run, where OpenTelemetry is configured
+    return result
 
 
 def _run(
@@ -489,11 +492,14 @@ def _wait_out_restores(failovers: Sequence[Failover]) -> None:
 
 def run_sessions(database: str, run_id: str, known: Iterable[str]) -> list[str]:
     """Every session of one run: the workload's, and those the ``erase`` workload left."""
+    from .mcp import PRINCIPALS
+
+    # The MCP principals' copies of the run's sessions too (--via mcp).
+    owned = Q(session_id__startswith=f"memcheck-{run_id}-")
+    for principal in PRINCIPALS:
+        owned |= Q(session_id__startswith=f"mcp:{principal}:memcheck-{run_id}-")
     found = (
-        Memory.objects.using(database)
-        .filter(session_id__startswith=f"memcheck-{run_id}-")
-        .values_list("session_id", flat=True)
-        .distinct()
+        Memory.objects.using(database).filter(owned).values_list("session_id", flat=True).distinct()
     )
     return sorted({*known, *found})
 

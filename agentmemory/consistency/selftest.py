@@ -29,8 +29,9 @@ from ..defects import (
     Defect,
 )
 from .checker import DATABASE_OWN
+from .mcp import WORKLOADS as MCP_WORKLOADS
 from .runner import RunResult, make_store, run_memcheck
-from .workloads import WorkloadConfig
+from .workloads import WorkloadConfig, importable
 
 
 @dataclass
@@ -117,6 +118,8 @@ def not_applicable(
         )
     if defect in ADK_DEFECTS and "adk" not in workloads:
         return "the adk workload does not run (google-adk is not installed, or --workloads)"
+    if defect is Defect.MCP_SHARED_SESSIONS and not importable("mcp"):
+        return "the MCP SDK is not installed (pip install '.[mcp]'): nothing runs --via mcp"
     if defect in CHECKPOINT_DEFECTS and "checkpoint" not in workloads:
         return "the checkpoint workload does not run (--workloads)"
     if defect in CACHE_DEFECTS and cache is None:
@@ -167,9 +170,13 @@ def run_self_test(
         # show (the rest are caught without, in less time).
         needs = not planted or any(d in NEEDS_FAULTS | SHOWN_BY_FAULTS for d in planted)
         own = next((OWN_FAULTS[d] for d in planted if d in OWN_FAULTS), None)
+        run_config = dataclasses.replace(config, seed=seed)
+        if Defect.MCP_SHARED_SESSIONS in planted:
+            # A defect of the MCP server: its variant runs the workloads through it.
+            run_config = dataclasses.replace(run_config, via="mcp", workloads=MCP_WORKLOADS)
         return run_memcheck(
             list(aliases),
-            dataclasses.replace(config, seed=seed),
+            run_config,
             faults=own or (faults if needs else "none"),
             defects=planted,
         )

@@ -45,6 +45,7 @@ by one application server, the next one by another: read-after-write across node
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import queue
@@ -86,6 +87,8 @@ from .faults import WORKER_THREAD_PREFIX
 from .history import IN_TRANSACTION, History, Operation, token_of
 
 SESSION_SUFFIXES = ("a", "a%", "a_")
+#: ``--via``: the store itself, or the MCP server in front of it.
+VIAS = ("store", "mcp")
 WORKLOADS = (
     "register",
     "list",
@@ -186,9 +189,25 @@ class WorkloadConfig:
     seed: int = 0
     ttl: float = 0.15  # seconds: short enough that reads land on both sides of expiry
     workloads: tuple[str, ...] = DEFAULT_WORKLOADS
+    #: Whose calls the clients make: the store's, or the MCP server's tools (``--via mcp``:
+    #: :mod:`agentmemory.consistency.mcp`).
+    via: str = "store"
 
     def __post_init__(self) -> None:
         self.workloads = tuple(self.workloads)
+        if self.via not in VIAS:
+            raise ValueError(f"--via must be one of {', '.join(VIAS)}, got {self.via!r}")
+        if self.via == "mcp":
+            from .mcp import WORKLOADS as OVER_MCP
+
+            if not importable("mcp"):
+                raise ValueError("--via mcp needs the MCP SDK: pip install '.[mcp]'")
+            outside = [w for w in self.workloads if w not in OVER_MCP]
+            if outside:
+                raise ValueError(
+                    f"--via mcp runs the workloads the MCP tools cover ({', '.join(OVER_MCP)}), "
+                    f"not {', '.join(outside)}"
+                )
         unknown = sorted(set(self.workloads) - set(WORKLOADS))
         if unknown:
             raise ValueError(
@@ -241,7 +260,12 @@ def session_ids(run_id: str, config: WorkloadConfig | None = None) -> list[str]:
     suffixes = SESSION_SUFFIXES
     if config is not None and "isolation" not in config.workloads:
         suffixes = suffixes[:1]
-    return [f"memcheck-{run_id}-{suffix}" for suffix in suffixes]
+    base = [f"memcheck-{run_id}-{suffix}" for suffix in suffixes]
+    if config is not None and config.via == "mcp":
+        from .mcp import stored_sessions
+
+        return stored_sessions(base)
+    return base
 
 
 def erase_session_id(run_id: str, client: str) -> str:
@@ -280,7 +304,8 @@ class _Partner:
     """A client's second thread, with its own connections: it makes one call at the moment the
     client makes another, so that a race the checks look for -- a write landing between a
     search's two reads -- is met in every run, not only when the dice put two clients there at
-    once (a default run met it in 0 of 6 runs, a run of the search workload alone in every one)."""
+    once (a default run met it in 0 of 6 runs, a run of the search workload alone in every one).
+    The final reads run their sliding-TTL probe, which mostly waits, on one too."""
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
@@ -305,8 +330,12 @@ class _Partner:
         self._jobs.put((call, future))
         return future
 
-    def close(self) -> None:
+    def finish(self) -> None:
+        """No more jobs: the thread ends once those submitted are done."""
         self._jobs.put(None)
+
+    def close(self) -> None:
+        self.finish()
         self._thread.join()
 
 
@@ -323,6 +352,13 @@ def _client(
 ) -> None:
     rng = random.Random(f"{config.seed}-{name}")
     sessions = session_ids(run_id, config)
+    via: Any = None
+    if config.via == "mcp":
+        from .mcp import ViaMcp, principal_of_client
+
+        via = ViaMcp(store, principal_of_client(name))
+        store = via  # its calls are the server's tools, as one principal
+        sessions = [s for s in sessions if s.startswith(via.prefix)]
     families, weights = config.families
     partner = (
         _Partner(f"{WORKER_THREAD_PREFIX}{name}w") if {"search", "many"} & set(families) else None
@@ -374,6 +410,8 @@ def _client(
     finally:
         if partner is not None:
             partner.close()
+        if via is not None:
+            via.close()
         connections.close_all()
 
 
@@ -522,6 +560,40 @@ def _adk_op(
     a write, a final read)."""
     op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
     return adk.run_op(store, rng, op, _call)
+
+
+#: The sliding-TTL probe's TTL, and the share of it that has passed at its first read.
+PROBE_TTL = 0.6
+PROBE_FIRST_READ = 0.6
+
+
+def _sliding_ttl_probe(
+    store: MemoryStore, run_id: str, config: WorkloadConfig, rng: random.Random
+) -> list[Operation]:
+    """A memory written with a TTL of :data:`PROBE_TTL`, read when :data:`PROBE_FIRST_READ` of
+    it has passed, and read again just after it has passed -- each wait for the store's clock
+    to reach the moment. The second read must find nothing: a read that pushed the expiry
+    forward (a sliding TTL) shows as an ``expired-read`` in every run, where the workload's own
+    150 ms TTLs showed it only when a read happened to fall between two others."""
+    session_id = session_ids(run_id, config)[0]
+    probe = dataclasses.replace(config, ttl=PROBE_TTL)
+    key = "ttl-probe"
+    write = _one_op(store, "final-ttl-probe-w", "final", session_id, key, probe, "ttl-write", rng)
+    if write.status != "ok" or write.expires_at is None:
+        return [write]
+    ops = [write]
+    for at, name in (
+        (write.expires_at - (1 - PROBE_FIRST_READ) * PROBE_TTL, "r1"),
+        (write.expires_at + 0.02, "r2"),
+    ):
+        while (left := at - clock.now().timestamp()) > 0:
+            time.sleep(left)  # waiting for the moment itself, on the store's clock
+        ops.append(
+            _one_op(
+                store, f"final-ttl-probe-{name}", "final", session_id, key, probe, "recall", rng
+            )
+        )
+    return ops
 
 
 def _one_op(
@@ -1010,6 +1082,18 @@ def _bad_input(
     first = rng not in _CALLED_BAD
     _CALLED_BAD.add(rng)
     label, bad = rng.choice(NOT_POSITIVE_TTLS if first else BAD_CALLS)
+    return _bad_call(store, op_id, client, session_id, key, label, bad)
+
+
+def _bad_call(
+    store: MemoryStore,
+    op_id: str,
+    client: str,
+    session_id: str,
+    key: str,
+    label: str,
+    bad: Callable[[MemoryStore, str, str, Any], Any],
+) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key, "bad": label}
     op = Operation(
         op_id, client, "bad-input", session_id, key, invoked_at=0.0, value=token, node=store.using
@@ -1073,10 +1157,12 @@ def final_reads(
     node, twice (the first pass lets the cache tier replay what an outage left pending), and
     record the reads in ``history`` -- after healing, every read on every node must see the last
     acknowledged write. The second pass pages through each register key's history too, and
-    reads each session's ``many`` keys by prefix. With the search workload, then a search of every session once the
-    workload's TTLs have passed."""
+    reads each session's ``many`` keys by prefix. With the search workload, then a search of
+    every session once the workload's TTLs have passed."""
     if isinstance(stores, MemoryStore):
         stores = [stores]
+    # The workload writes nothing from here on: its TTLs have all passed by then.
+    ttls_passed = time.monotonic() + config.ttl
     for store in stores:
         if store.cache is not None:
             deadline = time.monotonic() + 2 * store.cache.fence_seconds
@@ -1084,6 +1170,24 @@ def final_reads(
                 time.sleep(0.05)
     families, _ = config.families
     rng = random.Random(0)
+    # The sliding-TTL probe mostly waits (for a share of its TTL, then for its expiry): on a key
+    # of its own, in a thread of its own, beside the reads below; its operations go in after
+    # theirs.
+    probe: Future[list[Operation]] | None = None
+    if "ttl" in config.workloads:
+        prober = _Partner("memcheck-ttl-probe")
+        probe = prober.submit(
+            lambda: _sliding_ttl_probe(stores[0], run_id, config, random.Random(1))
+        )
+        prober.finish()
+    if "bad-input" in config.workloads and "reg" in families:
+        # Every TTL that is not positive, once, before the reads: the workload's clients each
+        # try one too, but a short run's few bad calls may all fall on other kinds -- a store
+        # that keeps ttl=0 as "forever" is caught in every run, not in most.
+        session_id, key = session_ids(run_id, config)[0], config.keys_of("reg")[0]
+        for index, (label, bad) in enumerate(NOT_POSITIVE_TTLS):
+            op_id = f"final-bad-{index}"
+            history.extend([_bad_call(stores[0], op_id, "final", session_id, key, label, bad)])
     for round_ in (1, 2):
         for store in stores:
             for index, session_id in enumerate(session_ids(run_id, config)):
@@ -1140,10 +1244,12 @@ def final_reads(
                                 "prefix-read",
                             )
                         )
+    if probe is not None:
+        history.extend(probe.result())
     if "search" in config.workloads:
         # Once every TTL written has passed (the workload wrote nothing after this point): a
         # search of each session must find none of the memories that expired meanwhile.
-        time.sleep(config.ttl)
+        time.sleep(max(0.0, ttls_passed - time.monotonic()))
         for store in stores:
             for index, session_id in enumerate(session_ids(run_id, config)):
                 op_id = f"final-search-{store.using}-{index}"

@@ -68,12 +68,14 @@ EVENTS = "adk-events"
 
 class AgentMemorySessionService(BaseSessionService):
     """ADK's ``BaseSessionService`` on a :class:`~agentmemory.MemoryStore` (default: one on the
-    settings' database and cache tier)."""
+    settings' database and cache tier); or, without a Django project, on the database of
+    ``db_url``, as ADK's ``DatabaseSessionService(db_url=...)``
+    (``AgentMemorySessionService(db_url="sqlite:///sessions.db")``: :func:`agentmemory.setup`)."""
 
-    def __init__(self, store: Any = None) -> None:
-        from ..store import MemoryStore
+    def __init__(self, store: Any = None, *, db_url: str | None = None) -> None:
+        from ..standalone import store_for
 
-        self.store = store if store is not None else MemoryStore()
+        self.store = store_for(db_url, store)
         self._retrier = Retrier(self.store.using)
 
     def __repr__(self) -> str:
@@ -431,6 +433,44 @@ class AgentMemoryMemoryService(BaseMemoryService):
             raise InvalidMemory("events", "must be a list of ADK Events")
         await aio.run(self._add, app_name, user_id, session_id, events)
 
+    async def add_memory(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        memories: Any,
+        custom_metadata: Any = None,
+    ) -> None:
+        """Keep explicit memories (ADK's ``MemoryEntry``), searchable as the events are: each under
+        its ``id``, or, without one, under a digest of what it says (its content, author and
+        timestamp) -- so a call retried, or an entry added twice, is kept once. Its
+        ``custom_metadata`` comes back with it from ``search_memory``. An entry with no text
+        cannot be found by meaning and is refused, with every other entry of the call: nothing
+        is written."""
+        _check_ids(app_name, user_id)
+        entries = check_sequence("memories", memories, "ADK MemoryEntry objects")
+        if not all(isinstance(entry, MemoryEntry) for entry in entries):
+            raise InvalidMemory("memories", "must be a list of ADK MemoryEntry objects")
+        kept = {}
+        for number, entry in enumerate(entries):
+            text = "\n".join(part.text for part in entry.content.parts or [] if part.text)
+            if not text:
+                raise InvalidMemory(
+                    "memories", f"entry {number} has no text to find it by: nothing was written"
+                )
+            content = entry.content.model_dump(mode="json", exclude_none=True)
+            said = json.dumps([content, entry.author, entry.timestamp], sort_keys=True)
+            key = entry.id or "entry-" + hashlib.sha256(said.encode()).hexdigest()[:32]
+            kept[key] = {
+                "text": text,
+                "author": entry.author,
+                "timestamp": entry.timestamp,
+                "session_id": None,
+                "content": content,
+                "custom_metadata": dict(entry.custom_metadata or {}),
+            }
+        await aio.run(self._keep, app_name, user_id, kept)
+
     async def search_memory(
         self, *, app_name: str, user_id: str, query: str
     ) -> SearchMemoryResponse:
@@ -444,7 +484,11 @@ class AgentMemoryMemoryService(BaseMemoryService):
                     content=types.Content.model_validate(hit.value["content"]),
                     author=hit.value.get("author"),
                     timestamp=hit.value.get("timestamp"),
-                    custom_metadata={"session_id": hit.value.get("session_id"), "score": hit.score},
+                    custom_metadata={
+                        **hit.value.get("custom_metadata", {}),
+                        "session_id": hit.value.get("session_id"),
+                        "score": hit.score,
+                    },
                 )
                 for hit in hits
                 if not hit.value.get("deleted")
@@ -477,6 +521,11 @@ class AgentMemoryMemoryService(BaseMemoryService):
                     "session_id": session_id,
                     "content": event.content.model_dump(mode="json", exclude_none=True),
                 }
+        self._keep(app_name, user_id, texts)
+
+    def _keep(self, app_name: str, user_id: str, texts: dict[str, dict[str, Any]]) -> None:
+        """Write the memories the user's memory session does not hold yet (one kept before, or
+        deleted since -- its marker -- is not written again), in one ``remember_many``."""
         if not texts:
             return
         memories = _memories(app_name, user_id)

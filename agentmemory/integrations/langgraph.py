@@ -18,8 +18,9 @@ returns (:meth:`agentmemory.MemoryStore.search`). Without an index, ``search(que
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
 
 from django.db import connections
@@ -43,13 +44,14 @@ from langgraph.store.base.embed import ensure_embeddings
 
 from .. import aio, clock, validation
 from ..errors import InvalidMemory, VersionConflict
-from ..models import Memory, is_live
 from ..semantic import FILTER_FIELD, Index, matches
-from ..store import MemoryStore
 from ..validation import SESSION_ID_MAX
 from ..vendors import prefix_filter
 from .langgraph_saver import AgentMemorySaver
 from .threads import call_sync
+
+if TYPE_CHECKING:  # the models need Django's settings: imported once a store is made
+    from ..store import MemoryStore
 
 PREFIX = "lg:"
 T = TypeVar("T")
@@ -104,6 +106,8 @@ class AgentMemoryStore(BaseStore):
         ttl: TTLConfig | None = None,
         index: IndexConfig | None = None,
     ) -> None:
+        from ..store import MemoryStore
+
         if index is not None:
             if store is not None:
                 raise ValueError(
@@ -119,6 +123,27 @@ class AgentMemoryStore(BaseStore):
             None if self.store.index is None else ensure_embeddings(self.store.index.embed)
         )
         self._distance = (index or {}).get("distance_type", "cosine")  # type: ignore[typeddict-item]
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        ttl: TTLConfig | None = None,
+        index: IndexConfig | None = None,
+        cache: str | None = None,
+    ) -> Iterator[AgentMemoryStore]:
+        """A store on the database of a URL (and the Redis tier of ``cache``), as LangGraph's
+        stores are made, without a Django project (:func:`agentmemory.setup`):
+        ``with AgentMemoryStore.from_conn_string("sqlite:///memory.db") as store``."""
+        from ..standalone import setup
+
+        memory = setup(conn_string, cache=cache, index=None if index is None else index_of(index))
+        made = cls(memory, ttl=ttl)
+        made.index_config = index
+        made._distance = (index or {}).get("distance_type", "cosine")  # type: ignore[typeddict-item]
+        yield made
 
     # ---------------------------------------------------------------- BaseStore
 
@@ -284,6 +309,8 @@ class AgentMemoryStore(BaseStore):
             return record  # a newer write set its own expiry
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
+        from ..models import is_live
+
         for field in op.filter or {}:
             # As LangGraph's SQL stores: a filter names JSON fields, nothing else.
             if not isinstance(field, str) or not FILTER_FIELD.match(field):
@@ -354,6 +381,8 @@ class AgentMemoryStore(BaseStore):
         """Live rows of every session starting with ``prefix``: a range over the unique index
         where the database orders session ids by code point (SQLite, MySQL family's binary
         collation), ``LIKE 'prefix%'`` on PostgreSQL."""
+        from ..models import Memory
+
         rows = Memory.objects.using(self.store.using).live()
         return rows.filter(prefix_filter(connections[self.store.using], "session_id", prefix))
 

@@ -32,8 +32,9 @@ hand) is stored by LangGraph's rule alone.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -42,6 +43,7 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
@@ -49,9 +51,8 @@ from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .. import aio
-from ..checkpoints import PAGE, NewBlob, StoredCheckpoint
 from ..errors import InvalidMemory
-from ..store import MemoryStore
+from ..records import CHECKPOINT_PAGE, NewBlob, StoredCheckpoint
 from ..validation import (
     CHECKPOINT_NAME_MAX,
     CHECKPOINT_NS_MAX,
@@ -62,6 +63,9 @@ from ..validation import (
     check_version,
 )
 from .threads import call_sync
+
+if TYPE_CHECKING:  # the models need Django's settings: imported once a saver is made
+    from ..store import MemoryStore
 
 #: The key of a loaded checkpoint's ``configurable`` that tells a put which parents it may have.
 EXPECT = "__agentmemory_expect__"
@@ -80,17 +84,34 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
     :class:`~agentmemory.MemoryUnavailable`): :class:`~agentmemory.CheckpointConflict` from a
     put that would fork a chain silently; :class:`~agentmemory.InvalidMemory` (a
     ``ValueError``) for a config without a ``thread_id``, an id or namespace over its length
-    limit, or an unknown prune strategy -- before any query."""
+    limit, a ``channels`` that is not a list, or an unknown prune strategy -- before any query;
+    ``NotImplementedError`` from ``prune(..., strategy="keep_latest")`` of a thread that uses a
+    ``DeltaChannel`` (its latest checkpoint alone would load those channels empty; nothing is
+    pruned), as LangGraph's ``PostgresSaver``."""
 
     def __init__(
         self, store: MemoryStore | None = None, *, serde: SerializerProtocol | None = None
     ) -> None:
+        from ..store import MemoryStore
+
         super().__init__(serde=serde)
         self.store = store if store is not None else MemoryStore(cache=None)
         self.chains = self.store.checkpoints
 
     def __repr__(self) -> str:
         return f"<AgentMemorySaver {self.store!r}>"
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls, conn_string: str, *, serde: SerializerProtocol | None = None
+    ) -> Iterator[AgentMemorySaver]:
+        """A saver on the database of a URL (``sqlite:///memory.db``, ``postgres://...``,
+        ``mysql://...``), as LangGraph's savers are made, without a Django project
+        (:func:`agentmemory.setup`): ``with AgentMemorySaver.from_conn_string(url) as saver``."""
+        from ..standalone import setup
+
+        yield cls(setup(conn_string), serde=serde)
 
     # ---------------------------------------------------------------- synchronous
 
@@ -127,6 +148,17 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
     ) -> None:
         self._call("put_writes", self._put_writes, config, writes, task_id, task_path)
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """What a ``DeltaChannel`` rebuilds its value from at the checkpoint ``config`` names
+        (its ``checkpoint_id``, or the thread's latest): per channel, the pending writes of its
+        ancestors (nearest first, up to the nearest one holding the channel's value: the
+        ``seed``), returned oldest first. LangGraph's default walks ``get_tuple`` once per
+        ancestor; this reads the walk in a few statements
+        (:meth:`~agentmemory.checkpoints.CheckpointPath.delta_history`)."""
+        return self._call("get_delta_channel_history", self._delta_history, config, channels)
+
     def delete_thread(self, thread_id: str) -> None:
         self._call("delete_thread", self.chains.delete_threads, [_thread_id(thread_id)])
 
@@ -156,6 +188,11 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await aio.run(self._get_tuple, config)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await aio.run(self._delta_history, config, channels)
 
     async def alist(
         self,
@@ -218,6 +255,25 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         # Loaded as the latest, a put from it must extend the latest; asked for by id, a put
         # from it may fork there.
         return self._tuple(stored, expect=checkpoint_id or "")
+
+    def _delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> dict[str, DeltaChannelHistory]:
+        thread_id, checkpoint_ns = _chain(config)
+        wanted = [_name("channel", channel) for channel in check_sequence("channels", channels)]
+        if not wanted:
+            return {}
+        found = self.chains.delta_history(thread_id, checkpoint_ns, _checkpoint_id(config), wanted)
+        loads = self.serde.loads_typed
+        result: dict[str, DeltaChannelHistory] = {}
+        for channel, history in found.items():
+            entry: DeltaChannelHistory = {
+                "writes": [(w.task_id, w.channel, loads(w.value)) for w in history.writes]
+            }
+            if history.seed is not None:
+                entry["seed"] = loads(history.seed)
+            result[channel] = entry
+        return result
 
     def _put(
         self,
@@ -305,7 +361,16 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
                 "strategy", f"must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}"
             )
         ids = [_thread_id(thread_id) for thread_id in check_sequence("thread_ids", thread_ids)]
-        self.chains.prune(ids, keep_latest=strategy == "keep_latest")
+        self.chains.prune(ids, keep_latest=strategy == "keep_latest", needs_history=self._delta)
+
+    def _delta(self, metadata: tuple[str, bytes]) -> bool:
+        """Whether a checkpoint of this metadata belongs to a thread with a ``DeltaChannel``:
+        LangGraph records its counters there (LangGraph.js marks such threads
+        ``delta_writes_versioned``), as ``PostgresSaver``'s prune checks."""
+        found = self.serde.loads_typed(metadata)
+        return isinstance(found, dict) and any(
+            key in found for key in ("counters_since_delta_snapshot", "delta_writes_versioned")
+        )
 
     def _tuple(self, stored: StoredCheckpoint, *, expect: str | None) -> CheckpointTuple:
         loads = self.serde.loads_typed
@@ -369,13 +434,17 @@ class _Listing:
         if self.done or (self.left is not None and self.left <= 0):
             return None
         # A page of what is left to return, when every checkpoint read is returned.
-        size = PAGE if self.filter or self.left is None else min(PAGE, self.left)
+        size = (
+            CHECKPOINT_PAGE if self.filter or self.left is None else min(CHECKPOINT_PAGE, self.left)
+        )
         stored = self.saver.chains.page(
             self.thread_id, self.checkpoint_ns, self.checkpoint_id, self.before, self.after, size
         )
         if not stored:
             self.done = True
             return None
+        # A page shorter than asked for is the last: no read of an empty one after it.
+        self.done = len(stored) < size
         self.after = stored[-1].cursor
         page = []
         for found in stored:

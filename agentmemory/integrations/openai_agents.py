@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agents.memory.session import SessionABC
+from agents.memory.session import SessionABC, _CompactionSnapshot
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
 from .. import validation
@@ -45,8 +45,11 @@ class AgentMemorySession(SessionABC):
     ``limit`` items, oldest first; None: ``session_settings.limit``, then every item),
     ``add_items``, ``pop_item``, ``clear_session``.
 
-    ``store``: the :class:`~agentmemory.MemoryStore` to keep it in (default: one on the
-    settings' database, without the Redis tier -- logs are read from the database);
+    ``db_url``: a database URL to keep it in, without a Django project, as the SDK's
+    ``SQLiteSession("id", "conversations.db")`` (``AgentMemorySession("id",
+    "sqlite:///conversations.db")``: :func:`agentmemory.setup`); or ``store``: the
+    :class:`~agentmemory.MemoryStore` to keep it in (default: one on the settings' database,
+    without the Redis tier -- logs are read from the database);
     ``stream``: the log's name within ``session_id`` (several agents may keep their own
     conversations in one session)."""
 
@@ -55,16 +58,17 @@ class AgentMemorySession(SessionABC):
     def __init__(
         self,
         session_id: str,
+        db_url: str | None = None,
         *,
         store: MemoryStore | None = None,
         session_settings: SessionSettings | dict[str, Any] | None = None,
         stream: str = STREAM,
     ) -> None:
-        from ..store import MemoryStore
-
         self.session_id = validation.check_session_id(session_id)
         self.stream = validation.check_stream(stream)
-        self.store = store if store is not None else MemoryStore(cache=None)
+        from ..standalone import store_for
+
+        self.store = store_for(db_url, store, cache=None)
         self.session_settings = (
             SessionSettings() if session_settings is None else _settings(session_settings)
         )
@@ -100,6 +104,59 @@ class AgentMemorySession(SessionABC):
     async def clear_session(self) -> None:
         """Remove every item (the log's numbering goes on: nothing is renumbered)."""
         await self.store.aclear_log(self.session_id, self.stream)
+
+    # ------------------------------------------------------------------ compaction's hooks
+
+    async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
+        """The SDK's ``OpenAIResponsesCompactionSession`` replaces the history in one step
+        through this hook (instead of a clear, then an add): a reader sees the old items or the
+        compacted ones, never an empty session between them."""
+        values = validation.check_sequence("items", items, "items")
+        await self.store.arewrite_log(self.session_id, self.stream, lambda _current: values)
+        return True
+
+    async def _get_compaction_snapshot(
+        self, limit: int, *, prune_prefix: Any = None
+    ) -> _CompactionSnapshot | None:
+        """The latest ``limit`` items, and a ``replace_suffix(start, output)`` that replaces
+        the snapshot's items from ``start`` on by ``output`` -- only if they are still the
+        log's last items, under the log's lock (False, nothing changed, when an ``add_items``
+        or a ``pop_item`` came between: the compaction is skipped, the new item kept).
+        ``prune_prefix``: older items it approves are dropped from the front too."""
+        limit = validation.check_version("limit", limit, minimum=1)
+        rows = await self.store.aread_log(self.session_id, self.stream, limit=limit)
+        complete = len(rows) < limit or not (
+            await self.store.aread_log(self.session_id, self.stream, limit=1, before=rows[0].seq)
+        )
+
+        async def replace_suffix(start: int, output: list[TResponseInputItem]) -> bool:
+            expected = [row.value for row in rows[start:]]
+            if not expected:
+                return False
+            new_items = validation.check_sequence("output", output, "items")
+
+            def replaced(current: list[Any]) -> list[Any]:
+                if current[-len(expected) :] != expected:
+                    raise _SuffixChanged
+                kept = current[: -len(expected)]
+                if prune_prefix is not None:
+                    while kept and prune_prefix(kept[0]):
+                        kept.pop(0)
+                return [*kept, *new_items]
+
+            try:
+                await self.store.arewrite_log(self.session_id, self.stream, replaced)
+            except _SuffixChanged:
+                return False
+            return True
+
+        return _CompactionSnapshot(
+            items=[row.value for row in rows], complete=complete, replace_suffix=replace_suffix
+        )
+
+
+class _SuffixChanged(Exception):
+    """A compaction's snapshot is no longer the end of the log: nothing is replaced."""
 
 
 def _settings(given: SessionSettings | dict[str, Any]) -> SessionSettings:

@@ -1,4 +1,4 @@
-"""What the batch commands (``prunehistory``, ``reindex``) share: the database alias they are
+"""What the batch commands (``prunehistory``, ``purge_expired``, ``reindex``) share: the database alias they are
 given, and the progress bar they draw on stderr."""
 
 from __future__ import annotations
@@ -7,8 +7,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
+
+
+def add_database_option(parser: CommandParser) -> None:
+    """``--database``, as every maintenance command takes it (read back by
+    :func:`checked_alias`)."""
+    parser.add_argument(
+        "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
+    )
 
 
 def checked_alias(alias: str | None) -> str | None:
@@ -23,7 +31,9 @@ def checked_alias(alias: str | None) -> str | None:
 
 
 @contextmanager
-def progress_bar(stderr: Any, label: str) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(
+    stderr: Any, label: str, unit: str = "memories"
+) -> Iterator[Callable[[int, int], None]]:
     """``progress(done, total)`` drawing ``label [#####.....]  50% 5/10 memories`` on the
     command's stderr: redrawn in place on a terminal, a line per batch elsewhere (a log)."""
     tty = bool(getattr(stderr._out, "isatty", lambda: False)())
@@ -33,7 +43,7 @@ def progress_bar(stderr: Any, label: str) -> Iterator[Callable[[int, int], None]
         nonlocal drawn
         share = done / total if total else 1.0
         bar = "#" * int(share * 30) + "." * (30 - int(share * 30))
-        line = f"{label} [{bar}] {share:4.0%} {done}/{total} memories"
+        line = f"{label} [{bar}] {share:4.0%} {done}/{total} {unit}"
         stderr.write(("\r" + line) if tty else line, ending="" if tty else "\n")
         drawn = True
 

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...cache import MemoryCache
 from ...conf import get_config
-from ..batches import checked_alias
+from ..batches import add_database_option, checked_alias
 
 
 class Command(BaseCommand):
@@ -23,9 +23,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
-        )
+        add_database_option(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = get_config()

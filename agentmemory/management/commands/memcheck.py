@@ -21,6 +21,7 @@ from ...consistency.audit import DEFAULT_GRACE_SECONDS, audit
 from ...consistency.checker import refusals
 from ...consistency.faults import FAULTS, FaultsUnavailable, fault_kinds
 from ...consistency.html import write_report, write_self_test_report
+from ...consistency.mcp import WORKLOADS as MCP_WORKLOADS
 from ...consistency.report import (
     checks_and_anomalies,
     render_json,
@@ -30,7 +31,7 @@ from ...consistency.report import (
 )
 from ...consistency.runner import Progress, RunResult, run_memcheck
 from ...consistency.selftest import Outcome, render_self_test, run_self_test
-from ...consistency.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
+from ...consistency.workloads import DEFAULT_WORKLOADS, VIAS, WORKLOADS, WorkloadConfig
 from ...errors import MemoryUnavailable
 from ...models import Memory
 from ...store import MemoryStore
@@ -151,6 +152,14 @@ class Command(BaseCommand):
             default=DEFAULT_WORKLOADS,
             help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all; search "
             "where numpy is installed)",
+        )
+        parser.add_argument(
+            "--via",
+            choices=VIAS,
+            default="store",
+            help="whose calls the clients make: the store's (default), or the MCP server's tools "
+            "(manage.py agentmemory_mcp; two principals whose sessions share names; without "
+            f"--workloads: {','.join(MCP_WORKLOADS)})",
         )
         parser.add_argument(
             "--unsafe",
@@ -281,14 +290,22 @@ class Command(BaseCommand):
         light = options["faults"] in ("none", "lock")
         default_ops, default_seconds = (2000, None) if light else (None, 10.0)
         budget = options["ops"] or options["seconds"]
-        return WorkloadConfig(
-            workers=options["workers"],
-            keys=options["keys"],
-            seed=options["seed"],
-            ops=options["ops"] if budget else default_ops,
-            seconds=options["seconds"] if budget else default_seconds,
-            workloads=options["workloads"],
-        )
+        workloads = options["workloads"]
+        via = options.get("via", "store")
+        if via == "mcp" and workloads is DEFAULT_WORKLOADS:
+            workloads = MCP_WORKLOADS
+        try:
+            return WorkloadConfig(
+                workers=options["workers"],
+                keys=options["keys"],
+                seed=options["seed"],
+                ops=options["ops"] if budget else default_ops,
+                seconds=options["seconds"] if budget else default_seconds,
+                workloads=workloads,
+                via=via,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
 
     def _self_test(self, aliases: list[str], options: dict[str, Any]) -> None:
         if options["unsafe"] or options["processes"]:

@@ -12,7 +12,7 @@ from django.db import DatabaseError
 
 from ...errors import EmbeddingFailed, InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
-from ..batches import checked_alias, progress_bar
+from ..batches import add_database_option, checked_alias, progress_bar
 
 
 class Command(BaseCommand):
@@ -25,9 +25,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
-        )
+        add_database_option(parser)
         parser.add_argument(
             "--batch",
             type=int,
