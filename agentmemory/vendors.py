@@ -43,8 +43,15 @@ MYSQL_DISCONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 40
 # KILL CONNECTION of a connection that has closed already.
 MYSQL_UNKNOWN_THREAD = 1094
 # PostgreSQL SQLSTATEs: 40001 serialization_failure, 40P01 deadlock_detected,
-# 55P03 lock_not_available (lock_timeout).
-POSTGRES_CONFLICT_STATES = frozenset({"40001", "40P01", "55P03"})
+# 55P03 lock_not_available (lock_timeout); 57014 query_canceled -- a statement_timeout, a
+# pooler's query timeout or an operator's pg_cancel_backend, and PostgreSQL's own report of a
+# lock_timeout that fired as the lock was granted: the next lock wait of the same statement
+# resets the timeout's flag, so the pending cancel reads "canceling statement due to user
+# request" (a CI run of memcheck's db-lock fault met it on a tuple lock). A cancelled statement
+# aborts its transaction, and COMMIT cannot be cancelled (only its wait for a synchronous standby,
+# which answers with a WARNING: durable_commit): the whole transaction is retried, within the
+# deadline.
+POSTGRES_CONFLICT_STATES = frozenset({"40001", "40P01", "55P03", "57014"})
 # 57P01-57P03 admin/crash shutdown (pg_terminate_backend), class 08 connection exceptions.
 POSTGRES_DISCONNECT_STATES = frozenset({"57P01", "57P02", "57P03"})
 # SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes in the high bits.

@@ -49,6 +49,7 @@ def transient_errors() -> list[tuple[str, object]]:
         ("40001", lambda: psycopg.errors.SerializationFailure("could not serialize access")),
         ("40P01", lambda: psycopg.errors.DeadlockDetected("deadlock detected")),
         ("55P03", lambda: psycopg.errors.LockNotAvailable("could not obtain lock")),
+        ("57014", lambda: psycopg.errors.QueryCanceled("canceling statement due to user request")),
     ]
 
 
@@ -235,3 +236,64 @@ def test_the_history_rejects_a_second_copy_of_a_version_even_without_the_row_loc
             request_id="another-writer",
         )
     assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, 1)]
+
+
+@pytest.mark.postgres
+def test_a_write_whose_lock_wait_is_cancelled_is_retried_once_the_lock_goes(store):
+    """PostgreSQL reports a ``lock_timeout`` that fired as the lock was granted as a cancel
+    ("canceling statement due to user request", 57014: the statement's next lock wait resets the
+    timeout's flag) -- a CI run of memcheck's db-lock fault met it on a tuple lock. Any
+    cancelled statement rolls its transaction back, so the store retries it: here a write
+    waiting behind a held row lock has its statement cancelled (``pg_cancel_backend``), then
+    the lock goes -- the write lands once, as version 2, instead of raising the driver's
+    error."""
+    import time
+
+    store.remember("s", "k", "a")
+    holding, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold_the_lock() -> None:
+        try:
+            with transaction.atomic():
+                Memory.objects.select_for_update().get(session_id="s", key="k")
+                holding.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    def write() -> None:
+        try:
+            outcome["record"] = MemoryStore(cache=None).remember("s", "k", "b")
+        except Exception as error:  # the assertion below shows it
+            outcome["error"] = error
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    writer = threading.Thread(target=write)
+    try:
+        assert holding.wait(30)
+        writer.start()
+        deadline = time.monotonic() + 30
+        waiting: list[tuple[int]] = []
+        while not waiting and time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+                waiting = cursor.fetchall()
+        assert len(waiting) == 1, "the write never waited for the row lock"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_cancel_backend(%s)", [waiting[0][0]])
+            assert cursor.fetchone()[0] is True
+    finally:
+        release.set()
+        holder.join()
+        if writer.ident is not None:
+            writer.join(60)
+    assert "error" not in outcome, outcome
+    assert outcome["record"].version == 2
+    assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "a"), (2, "b")]
