@@ -226,3 +226,23 @@ def _nodes(node: Any) -> Iterator[Any]:
     elif isinstance(node, list):
         for value in node:
             yield from _nodes(value)
+
+
+#: How many reads :func:`hit` makes before it gives up.
+HIT_ATTEMPTS = 10
+
+
+def hit(store: Any, session_id: str = "s", key: str = "k") -> Any:
+    """``store.recall(session_id, key)`` read until Redis served it (``last_read_source ==
+    "cache"``), at most :data:`HIT_ATTEMPTS` reads. A read after a fill is a hit only while the
+    fence (1 s) lives: on a loaded machine it may be gone by then, and that read renews it from
+    the database instead -- the next is the hit. Tests that need an entry served use this rather
+    than one read, which fails under load (CI has met it)."""
+    for _ in range(HIT_ATTEMPTS):
+        record = store.recall(session_id, key)
+        if store.last_read_source == "cache":
+            return record
+    raise AssertionError(
+        f"{HIT_ATTEMPTS} reads of {session_id!r}/{key!r}, none served by Redis "
+        f"(the last from {store.last_read_source})"
+    )

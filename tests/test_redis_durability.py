@@ -20,6 +20,8 @@ from agentmemory.consistency.redis_servers import RedisServer, SentinelGroup
 from agentmemory.defects import Defect
 from project.settings import redis_cache
 
+from .helpers import hit
+
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 RECALLS = 20
@@ -34,8 +36,7 @@ def cache_on(settings, alias, location, sentinels=None):
 def warm(store):
     """v1 written and served from Redis (the fence renewed by the first read)."""
     store.remember("s", "k", "v1")
-    store.recall("s", "k")
-    assert store.recall("s", "k").version == 1 and store.last_read_source == "cache"
+    assert hit(store).version == 1
 
 
 def recalls(store):
@@ -158,7 +159,7 @@ def test_a_sentinel_failover_right_after_an_acknowledged_update(tmp_path, settin
         assert recalls(store) == [2] * RECALLS
         store.remember("s", "k", "v3")  # and the promoted primary takes writes
         assert recalls(store) == [3] * RECALLS
-        assert store.last_read_source == "cache"
+        assert hit(store).version == 3
 
 
 def test_flushall_eviction_and_a_pause_only_cause_misses(tmp_path, settings):

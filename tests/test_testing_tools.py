@@ -21,6 +21,8 @@ from agentmemory.testing.strategies import (
     session_ids,
 )
 
+from .helpers import hit
+
 
 def test_the_plugin_is_registered_by_entry_point(pytestconfig):
     assert pytestconfig.pluginmanager.has_plugin("agentmemory")
@@ -87,8 +89,7 @@ def test_memory_store_has_a_cache_namespace_of_its_own(memory_store):
         pytest.fail("the suite runs with REDIS_URL set: memory_store must use the cache tier")
     assert ":test-" in memory_store.cache.prefix and memory_store.cache.prefix != plain.cache.prefix
     memory_store.remember("s", "k", 1)
-    memory_store.recall("s", "k")
-    assert memory_store.recall("s", "k").value == 1 and memory_store.last_read_source == "cache"
+    assert hit(memory_store).value == 1
 
 
 @pytest.mark.django_db(transaction=True)
