@@ -28,6 +28,7 @@ from .records import (
 from .semantic import Index
 
 if TYPE_CHECKING:
+    from .sharding import ShardedStore
     from .store import MemoryStore
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "MemoryVersionRecord",
     "ReentrantWrite",
     "ScoredMemory",
+    "ShardedStore",
     "VersionConflict",
     "VersionPruned",
     "setup",
@@ -67,4 +69,8 @@ def __getattr__(name: str) -> Any:
         from .store import MemoryStore
 
         return MemoryStore
+    if name == "ShardedStore":
+        from .sharding import ShardedStore
+
+        return ShardedStore
     raise AttributeError(f"module 'agentmemory' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from .conf import DEFAULTS, RETENTION_KEYS, RETRY_KEYS, SEARCH_DEFAULTS, SEARCH_KEYS, get_config
@@ -96,6 +97,27 @@ def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             id="agentmemory.E002",
         )
     ]
+
+
+@register()
+def check_shards_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E025: ``SHARDS`` is None or a list of distinct aliases of ``DATABASES``."""
+    config = _config()
+    if config is None or config["SHARDS"] is None:
+        return []
+    from .sharding import check_shards
+
+    try:
+        check_shards(config["SHARDS"])
+    except ImproperlyConfigured as problem:
+        return [
+            Error(
+                f"{problem}.",
+                hint='For example AGENTMEMORY["SHARDS"] = ["shard0", "shard1"], each in DATABASES.',
+                id="agentmemory.E025",
+            )
+        ]
+    return []
 
 
 @register()

@@ -17,6 +17,8 @@ from django.dispatch import receiver
 DEFAULTS: dict[str, Any] = {
     # Database alias the store uses unless MemoryStore(using=...) says otherwise.
     "DATABASE": "default",
+    # The database aliases ShardedStore places sessions over (agentmemory.sharding), or None.
+    "SHARDS": None,
     # Cache alias of the cache tier (django-redis), or None for no cache tier.
     "CACHE": None,
     # TTL applied when a write passes ttl=None: None means "never expires".

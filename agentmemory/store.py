@@ -119,6 +119,13 @@ class MemoryStore:
         and memcheck's histories."""
         return self._reads.last_source
 
+    def shard(self, session_id: str) -> MemoryStore:
+        """The store that holds ``session_id``: this one (a
+        :class:`~agentmemory.sharding.ShardedStore` answers with the session's shard's), so code
+        can take either kind of store."""
+        validation.check_session_id(session_id)
+        return self
+
     def __repr__(self) -> str:
         unsafe = "" if self.row_lock else " row_lock=False"
         if self.defects:

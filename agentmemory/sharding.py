@@ -1,0 +1,354 @@
+"""Sessions placed over several databases -- shards -- by their session id.
+
+Every guarantee of the store holds within one session: a memory's versions, a log's items, a
+checkpoint chain, an idempotency key's single write. No call needs two sessions in one
+transaction, so the session id is the shard key: all of one session's rows live on one database
+(its *shard*), each shard a database of its own (a server, a Galera cluster, a PostgreSQL HA
+cluster), and every guarantee holds there as on a single database.
+
+:func:`place` chooses a session's shard by rendezvous hashing (highest random weight): of the
+shards' aliases, the one whose hash with the session id is highest. Every process with the same
+list of aliases -- in any order -- places every session on the same shard, with no table to read
+and nothing to share. Adding a shard moves only the sessions that now hash highest on it (a
+fraction 1/(n+1) of them); removing one moves only its own. The aliases are the shards' names:
+renaming one moves its sessions.
+
+:class:`ShardedStore` is the :class:`~agentmemory.store.MemoryStore` API over
+``AGENTMEMORY["SHARDS"]`` (or the aliases it is given): a call about one session goes to that
+session's shard, unchanged; a call about every session (``search_sessions``, ``purge_expired``,
+``prune_history``, ``reindex``, ``expired_counts``) runs on each shard in turn and adds up what
+they answered -- :meth:`ShardedStore.each_shard` gives each shard's answer by alias. A shard
+that cannot answer fails the call that needs it, with its alias in the error; the other shards'
+sessions go on being served.
+
+What is not sharded yet: LangGraph's checkpointer and the other adapters take a MemoryStore;
+moving sessions between shards (docs/scaling.md says what adding a shard takes today).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from . import validation
+from .conf import get_config
+from .defects import Defect
+from .errors import MemoryUnavailable
+from .records import ScoredMemory
+from .semantic import Index
+from .store import _CACHE_FROM_SETTINGS, _INDEX_FROM_SETTINGS, MemoryStore
+
+__all__ = ["ShardedStore", "check_shards", "place"]
+
+
+@functools.lru_cache(maxsize=65536)
+def _place(session_id: str, shards: tuple[str, ...]) -> str:
+    encoded = session_id.encode()
+    return max(
+        shards,
+        key=lambda alias: (
+            hashlib.blake2b(
+                encoded, digest_size=8, person=b"agentmemory", key=alias.encode()
+            ).digest(),
+            alias,
+        ),
+    )
+
+
+def place(session_id: str, shards: Sequence[str]) -> str:
+    """The alias, among ``shards``, of the database that holds ``session_id``'s rows: the same
+    in every process and for every order of ``shards`` (rendezvous hashing; see the module)."""
+    return _place(session_id, tuple(sorted(shards)))
+
+
+def check_shards(shards: Any) -> tuple[str, ...]:
+    """``shards`` as a tuple of aliases of ``DATABASES``, or ImproperlyConfigured naming what is
+    wrong: not a list or tuple of str, empty, a repeated alias, an alias that is not a database,
+    or one longer than 64 bytes (the hash's key)."""
+    if isinstance(shards, str) or not isinstance(shards, (list, tuple)):
+        raise ImproperlyConfigured(
+            f"AGENTMEMORY['SHARDS'] must be a list of database aliases, got {shards!r}"
+        )
+    if not shards:
+        raise ImproperlyConfigured("AGENTMEMORY['SHARDS'] is empty: name at least one database")
+    for alias in shards:
+        if not isinstance(alias, str) or not alias:
+            raise ImproperlyConfigured(
+                f"AGENTMEMORY['SHARDS'] holds {alias!r}: each shard is a database alias (a str)"
+            )
+        if alias not in settings.DATABASES:
+            raise ImproperlyConfigured(
+                f"AGENTMEMORY['SHARDS'] names {alias!r}, which is not in DATABASES "
+                f"({', '.join(settings.DATABASES)})"
+            )
+        if len(alias.encode()) > 64:
+            raise ImproperlyConfigured(
+                f"AGENTMEMORY['SHARDS'] names {alias!r}: a shard's alias is at most 64 bytes"
+            )
+    repeated = sorted(alias for alias, n in Counter(shards).items() if n > 1)
+    if repeated:
+        raise ImproperlyConfigured(f"AGENTMEMORY['SHARDS'] names {repeated[0]!r} twice")
+    return tuple(shards)
+
+
+# The MemoryStore methods whose first argument is the session id: each runs on that session's
+# shard, as it is.
+PER_SESSION = (
+    "remember",
+    "update",
+    "remember_many",
+    "revert",
+    "forget",
+    "expire",
+    "forget_session",
+    "erase_session",
+    "append",
+    "pop",
+    "clear_log",
+    "rewrite_log",
+    "append_with",
+    "read_log",
+    "log_length",
+    "log_streams",
+    "log_history",
+    "recall",
+    "recall_many",
+    "history",
+    "search",
+)
+
+
+def _routed(name: str) -> Callable[..., Any]:
+    method = getattr(MemoryStore, name)
+
+    @functools.wraps(method)
+    def routed(self: ShardedStore, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            session_id = args[0]
+        elif "session_id" in kwargs:
+            session_id = kwargs["session_id"]
+        else:
+            raise TypeError(f"{name}() missing required argument: 'session_id'")
+        return getattr(self.shard(session_id), name)(*args, **kwargs)
+
+    return routed
+
+
+class ShardedStore:
+    """The :class:`~agentmemory.store.MemoryStore` API with each session on its shard (see the
+    module). ``shards``: the database aliases (default ``AGENTMEMORY["SHARDS"]``); ``cache``,
+    ``index``, ``namespace``, ``row_lock`` and ``defects`` as for MemoryStore, given to each
+    shard's store. On one Redis, each shard's entries, fence and epoch are its own (a tier's
+    names start with its database's identity)."""
+
+    def __init__(
+        self,
+        shards: Sequence[str] | None = None,
+        cache: str | None = _CACHE_FROM_SETTINGS,
+        *,
+        namespace: str | None = None,
+        row_lock: bool = True,
+        defects: Iterable[Defect | str] = (),
+        index: Index | None = _INDEX_FROM_SETTINGS,
+    ) -> None:
+        aliases = check_shards(get_config()["SHARDS"] if shards is None else shards)
+        self.shards: tuple[str, ...] = tuple(sorted(aliases))
+        defects = tuple(defects)
+        #: Each shard's store, by alias.
+        self.stores: dict[str, MemoryStore] = {
+            alias: MemoryStore(
+                using=alias,
+                cache=cache,
+                namespace=namespace,
+                row_lock=row_lock,
+                defects=defects,
+                index=index,
+            )
+            for alias in self.shards
+        }
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"<ShardedStore shards={list(self.shards)!r}>"
+
+    # ------------------------------------------------------------------ placement
+
+    def place(self, session_id: str) -> str:
+        """The alias of ``session_id``'s shard (InvalidMemory for an id the store refuses)."""
+        return _place(validation.check_session_id(session_id), self.shards)
+
+    def shard(self, session_id: str) -> MemoryStore:
+        """The store of ``session_id``'s shard: every call about that session goes to it."""
+        store = self.stores[self.place(session_id)]
+        self._local.store = store
+        return store
+
+    # ------------------------------------------------------------------ every shard
+
+    def each_shard(self, call: Callable[[MemoryStore], Any]) -> dict[str, Any]:
+        """``call(store)`` on each shard's store, in the order of their aliases: each shard's
+        answer, by alias. A shard whose database cannot answer raises MemoryUnavailable naming
+        it (the shards before it have run)."""
+        answers = {}
+        for alias, store in self.stores.items():
+            try:
+                answers[alias] = call(store)
+            except MemoryUnavailable as error:
+                raise MemoryUnavailable(
+                    f"shard {alias!r}: {error}", cause=error.cause, attempts=error.attempts
+                ) from error
+        return answers
+
+    def search_sessions(
+        self,
+        session_prefix: str,
+        query: str,
+        *,
+        prefix: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[ScoredMemory]:
+        """:meth:`MemoryStore.search_sessions` over every shard: the ``limit`` best after
+        ``offset`` of all of them (each shard asked for its ``offset + limit`` best). Equal
+        scores: the memory created first, first."""
+        first = self.stores[self.shards[0]]
+        first._check_search(query, prefix, filter, limit, offset)  # bad input: no shard asked
+        session_prefix = validation.check_prefix(session_prefix)
+        wanted = offset + limit
+
+        def best(store: MemoryStore) -> list[ScoredMemory]:
+            # The shard's ``wanted`` best, a page of at most SEARCH_LIMIT_MAX at a time.
+            hits: list[ScoredMemory] = []
+            while len(hits) < wanted:
+                asked = min(validation.SEARCH_LIMIT_MAX, wanted - len(hits))
+                page = store.search_sessions(
+                    session_prefix,
+                    query,
+                    prefix=prefix,
+                    filter=filter,
+                    limit=asked,
+                    offset=len(hits),
+                )
+                hits += page
+                if len(page) < asked:
+                    break
+            return hits
+
+        found = self.each_shard(best)
+        merged = heapq.merge(
+            *found.values(),
+            key=lambda hit: (-hit.score, hit.created_at, hit.session_id, hit.key),
+        )
+        return list(merged)[offset : offset + limit]
+
+    def purge_expired(
+        self,
+        *,
+        batch: int = 1000,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """:meth:`MemoryStore.purge_expired` on each shard in turn: how many expired, in all.
+        ``progress(done, total)`` counts over every shard."""
+        return sum(
+            self.each_shard(
+                _over_shards(progress, "purge_expired", batch=batch, dry_run=dry_run)
+            ).values()
+        )
+
+    def expired_counts(self) -> tuple[int, int]:
+        """:meth:`MemoryStore.expired_counts`, added over the shards."""
+        counts = self.each_shard(lambda store: store.expired_counts()).values()
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+    def prune_history(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_days: float | None = None,
+        batch: int = 1000,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        session_id: str | None = None,
+    ) -> int:
+        """:meth:`MemoryStore.prune_history` on each shard (on ``session_id``'s only, if given)."""
+        options = {
+            "keep_last": keep_last,
+            "keep_days": keep_days,
+            "batch": batch,
+            "dry_run": dry_run,
+        }
+        if session_id is not None:
+            return self.shard(session_id).prune_history(
+                **options, progress=progress, session_id=session_id
+            )
+        return sum(self.each_shard(_over_shards(progress, "prune_history", **options)).values())
+
+    def reindex(
+        self,
+        *,
+        batch: int = 500,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        session_id: str | None = None,
+    ) -> int:
+        """:meth:`MemoryStore.reindex` on each shard (on ``session_id``'s only, if given)."""
+        if session_id is not None:
+            return self.shard(session_id).reindex(
+                batch=batch, dry_run=dry_run, progress=progress, session_id=session_id
+            )
+        return sum(
+            self.each_shard(
+                _over_shards(progress, "reindex", batch=batch, dry_run=dry_run)
+            ).values()
+        )
+
+    # ------------------------------------------------------------------ diagnostics
+
+    @property
+    def retries(self) -> Counter[str]:
+        """Transient errors absorbed by retries, by kind, over every shard."""
+        total: Counter[str] = Counter()
+        for store in self.stores.values():
+            total.update(store.retries)
+        return total
+
+    @property
+    def last_read_source(self) -> str | None:
+        """Where this thread's last read was answered from, on the shard it went to."""
+        store = getattr(self._local, "store", None)
+        return None if store is None else store.last_read_source
+
+
+for _name in PER_SESSION:
+    setattr(ShardedStore, _name, _routed(_name))
+
+
+def _over_shards(
+    progress: Callable[[int, int], None] | None, method: str, **options: Any
+) -> Callable[[MemoryStore], Any]:
+    """A call of ``method`` for :meth:`ShardedStore.each_shard` whose ``progress`` counts on
+    from what the shards before it did."""
+    state = {"before": 0, "done": 0}
+
+    def call(store: MemoryStore) -> Any:
+        state["before"] += state["done"]
+        state["done"] = 0
+
+        def step(done: int, total: int) -> None:
+            state["done"] = done
+            assert progress is not None
+            progress(state["before"] + done, state["before"] + total)
+
+        return getattr(store, method)(**options, progress=step if progress else None)
+
+    return call

@@ -1,0 +1,280 @@
+"""Sessions sharded over databases (agentmemory.sharding): the placement's stability, each
+session's rows on its shard alone, the calls about every session answered by every shard, bad
+input refused before any shard is asked, and no lost update through the router.
+
+The shards are the suite's two databases: ``default`` (this run's backend) and ``other`` (a
+SQLite file) -- on the server runs two different engines, as a team moving from one database to
+another would have them."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from agentmemory import Index, InvalidMemory, MemoryStore, ShardedStore, clock
+from agentmemory.checks import check_shards_setting
+from agentmemory.models import Log, Memory
+from agentmemory.sharding import check_shards, place
+from agentmemory.testing.embeddings import HashEmbedder
+
+from .conftest import redis_alias
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+SHARDS = ["default", "other"]
+
+
+def sessions_on(alias: str) -> set[str]:
+    return set(Memory.objects.using(alias).values_list("session_id", flat=True)) | set(
+        Log.objects.using(alias).values_list("session_id", flat=True)
+    )
+
+
+def session_ids(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [f"user-{rng.getrandbits(64):016x}" for _ in range(n)]
+
+
+# ---------------------------------------------------------------------- placement
+
+
+def test_the_placement_is_the_documented_function_of_the_session_id():
+    """Golden values: a change of the hash would place every stored session elsewhere -- it
+    must never happen silently."""
+    assert [place(s, ["shard0", "shard1", "shard2"]) for s in ("a", "b", "c", "user-42")] == [
+        place(s, ["shard2", "shard0", "shard1"]) for s in ("a", "b", "c", "user-42")
+    ]
+    assert {s: place(s, ["shard0", "shard1", "shard2"]) for s in ("a", "b", "c", "user-42")} == {
+        "a": "shard0",
+        "b": "shard2",
+        "c": "shard0",
+        "user-42": "shard2",
+    }
+
+
+def test_sessions_spread_evenly_and_adding_a_shard_moves_only_what_it_takes():
+    ids = session_ids(20_000)
+    three = ["s0", "s1", "s2"]
+    before = {s: place(s, three) for s in ids}
+    counts = Counter(before.values())
+    assert all(abs(n - len(ids) / 3) < len(ids) * 0.02 for n in counts.values()), counts
+    after = {s: place(s, [*three, "s3"]) for s in ids}
+    moved = [s for s in ids if after[s] != before[s]]
+    assert all(after[s] == "s3" for s in moved)  # only onto the new shard
+    assert abs(len(moved) / len(ids) - 1 / 4) < 0.02, len(moved)
+    # Removing a shard moves only its own sessions.
+    without = {s: place(s, ["s0", "s2"]) for s in ids}
+    assert all(without[s] == before[s] for s in ids if before[s] != "s1")
+
+
+def test_session_ids_that_differ_in_case_accent_or_trailing_space_are_distinct_sessions():
+    store = ShardedStore(SHARDS, cache=None)
+    variants = ["Café", "café", "cafe", "café ", "CAFÉ"]
+    for n, session_id in enumerate(variants):
+        store.remember(session_id, "k", n)
+    assert [store.recall(s, "k").value for s in variants] == list(range(len(variants)))
+    for session_id in variants:
+        assert session_id in sessions_on(store.place(session_id))
+        other = next(a for a in SHARDS if a != store.place(session_id))
+        assert session_id not in sessions_on(other)
+    with pytest.raises(InvalidMemory, match="NFC"):  # the same text, decomposed: refused
+        store.remember("cafe\u0301", "k", 0)
+
+
+# ---------------------------------------------------------------------- routing
+
+
+def test_every_row_of_a_session_is_on_its_shard_and_nowhere_else():
+    store = ShardedStore(SHARDS, cache=None)
+    ids = session_ids(24, seed=1)
+    for session_id in ids:
+        store.remember(session_id, "k", {"v": 1})
+        store.update(session_id, "k", lambda v: {"v": v["v"] + 1})
+        store.append(session_id, "events", [1, 2])
+        store.pop(session_id, "events")
+    placed = {s: store.place(s) for s in ids}
+    assert set(placed.values()) == set(SHARDS), "24 sessions all on one shard"
+    for alias in SHARDS:
+        assert sessions_on(alias) == {s for s, a in placed.items() if a == alias}
+    for session_id in ids:
+        assert store.recall(session_id, "k").value == {"v": 2}
+        assert [h.version for h in store.history(session_id, "k")] == [1, 2]
+        assert [i.value for i in store.read_log(session_id, "events")] == [1]  # 2 popped
+        assert store.shard(session_id) is store.stores[placed[session_id]]
+    erased = ids[0]
+    assert store.erase_session(erased) == 2
+    assert erased not in sessions_on(placed[erased])
+
+
+def test_keyword_arguments_and_a_missing_session_id_are_handled_as_the_store_does():
+    store = ShardedStore(SHARDS, cache=None)
+    record = store.remember(session_id="kw", key="k", value=1)
+    assert store.recall(session_id="kw", key="k") == record
+    with pytest.raises(TypeError, match="session_id"):
+        store.remember(key="k", value=1)
+
+
+@pytest.mark.parametrize("session_id", [None, 7, b"s", "", "x" * 10_000, ["s"]], ids=repr)
+def test_a_bad_session_id_is_refused_naming_it_before_any_shard_is_asked(session_id):
+    store = ShardedStore(SHARDS, cache=None)
+    with pytest.raises(InvalidMemory) as refused:
+        store.remember(session_id, "k", 1)
+    assert refused.value.field == "session_id"
+    assert all(not sessions_on(alias) for alias in SHARDS)
+
+
+def test_the_router_keeps_no_lost_update_and_the_unsafe_seam_reaches_through_it():
+    """Eight threads increment counters of four sessions through the router: every increment
+    lands. The same with ``row_lock=False`` (the unsafe seam, given to each shard's store)
+    loses some: the guarantee is the shards', and the router neither breaks nor hides it."""
+
+    def run(store: ShardedStore) -> dict[str, int]:
+        sessions = session_ids(4, seed=2)
+        for session_id in sessions:
+            store.remember(session_id, "n", 0)
+        barrier = threading.Barrier(8)
+
+        def worker() -> None:
+            try:
+                barrier.wait()
+                for i in range(15):
+                    session_id = sessions[i % 4]
+                    store.update(session_id, "n", lambda n: n + 1)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return {s: store.recall(s, "n").value for s in sessions}
+
+    counted = run(ShardedStore(SHARDS, cache=None))
+    assert sum(counted.values()) == 8 * 15, counted
+    for alias in SHARDS:
+        Memory.objects.using(alias).all().delete()
+    unsafe = run(ShardedStore(SHARDS, cache=None, row_lock=False))
+    assert sum(unsafe.values()) < 8 * 15, f"no update lost without the row lock: {unsafe}"
+
+
+def test_each_shard_has_a_redis_tier_of_its_own_on_one_redis():
+    store = ShardedStore(SHARDS, cache=redis_alias())
+    prefixes = {store.stores[alias].cache.prefix for alias in SHARDS}
+    assert len(prefixes) == 2
+    ids = session_ids(8, seed=3)
+    for session_id in ids:
+        store.remember(session_id, "k", session_id)
+    for session_id in ids:
+        for _ in range(10):
+            record = store.recall(session_id, "k")
+            if store.last_read_source == "cache":
+                break
+        assert (record.value, store.last_read_source) == (session_id, "cache")
+
+
+# ---------------------------------------------------------------------- every shard
+
+
+def test_search_sessions_merges_every_shards_best_in_score_order():
+    index = Index(embed=HashEmbedder(16), dims=16, fields=["$"])
+    sharded = ShardedStore(SHARDS, cache=None, index=index)
+    ids = session_ids(12, seed=4)
+    words = ["apple pie", "apple tart", "pear", "plum", "apple", "cherry"]
+    for n, session_id in enumerate(ids):
+        sharded.remember(session_id, "k", words[n % len(words)])
+    found = sharded.search_sessions("user-", "apple", limit=7)
+    one = MemoryStore(cache=None, index=index)
+    per_shard = sharded.each_shard(lambda s: s.search_sessions("user-", "apple", limit=20))
+    everything = sorted(
+        (h for hits in per_shard.values() for h in hits),
+        key=lambda h: (-h.score, h.created_at, h.session_id, h.key),
+    )
+    assert [(h.session_id, h.score) for h in found] == [
+        (h.session_id, h.score) for h in everything[:7]
+    ]
+    assert {sharded.place(h.session_id) for h in everything} == set(SHARDS)
+    page = sharded.search_sessions("user-", "apple", limit=3, offset=4)
+    assert [h.session_id for h in page] == [h.session_id for h in everything[4:7]]
+    with pytest.raises(InvalidMemory) as refused:
+        sharded.search_sessions("user-", "apple", limit=0)
+    assert refused.value.field == "limit"
+    with pytest.raises(InvalidMemory) as refused:
+        sharded.search_sessions(["user-"], "apple")
+    with pytest.raises(InvalidMemory) as as_one:
+        one.search_sessions(["user-"], "apple")
+    assert refused.value.field == as_one.value.field
+
+
+def test_purges_and_pruning_run_on_every_shard_and_count_over_them():
+    store = ShardedStore(SHARDS, cache=None)
+    ids = session_ids(10, seed=5)
+    for session_id in ids:
+        store.remember(session_id, "gone", 1, ttl=60)
+        for n in range(3):
+            store.remember(session_id, "kept", n)
+    per_shard = Counter(store.place(s) for s in ids)
+    assert set(per_shard) == set(SHARDS)
+    clock.advance(timedelta(seconds=61))
+    assert store.expired_counts() == (10, 0)
+    seen: list[tuple[int, int]] = []
+    assert (
+        store.purge_expired(batch=2, progress=lambda done, total: seen.append((done, total))) == 10
+    )
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    assert seen[-1] == (10, 10)
+    assert store.expired_counts() == (0, 0)
+    assert store.each_shard(lambda s: s.prune_history(keep_last=1, dry_run=True)) == {
+        alias: 3 * per_shard[alias] for alias in SHARDS  # "gone": its write; "kept": 2 of 3
+    }
+    assert store.prune_history(keep_last=1) == 30
+    assert store.prune_history(keep_last=1, session_id=ids[0]) == 0
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    ("shards", "wanted"),
+    [
+        ("default", "must be a list of database aliases"),
+        ([], "is empty"),
+        (["default", "default"], "'default' twice"),
+        (["default", "nowhere"], "'nowhere', which is not in DATABASES"),
+        (["default", 3], "holds 3"),
+        (["default", ""], "holds ''"),
+        (["x" * 65], "not in DATABASES"),
+    ],
+    ids=repr,
+)
+def test_bad_shards_are_refused_by_the_store_and_by_check_e025(settings, shards, wanted):
+    with pytest.raises(ImproperlyConfigured, match=wanted):
+        check_shards(shards)
+    with pytest.raises(ImproperlyConfigured, match=wanted):
+        ShardedStore(shards)
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": shards}
+    errors = check_shards_setting()
+    assert [e.id for e in errors] == ["agentmemory.E025"] and wanted in errors[0].msg
+
+
+def test_check_e025_accepts_no_shards_and_good_ones_and_the_store_reads_them(settings):
+    assert check_shards_setting() == []
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": ["other", "default"]}
+    assert check_shards_setting() == []
+    assert ShardedStore(cache=None).shards == ("default", "other")
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": None}
+    with pytest.raises(ImproperlyConfigured, match="must be a list"):
+        ShardedStore()
+
+
+def test_a_plain_store_is_its_own_shard():
+    store = MemoryStore(cache=None)
+    assert store.shard("s") is store
+    with pytest.raises(InvalidMemory):
+        store.shard("")
