@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -127,6 +129,31 @@ DATABASES = {
 }
 
 
+def shard_urls(value: str) -> list[str]:
+    """``SHARD_DATABASE_URLS``: database URLs separated by commas. A comma followed by a scheme
+    (``,mysql://``) starts the next URL; the commas of a PostgreSQL URL's host list do not."""
+    return [
+        url.strip() for url in re.split(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)", value) if url.strip()
+    ]
+
+
+def shard_databases(value: str) -> dict[str, dict]:
+    """One alias per shard URL: ``shard0``, ``shard1``, ... A PostgreSQL URL of several hosts is
+    one alias that follows the primary (an HA cluster is one shard); a MySQL-family URL names
+    one server -- of a Galera cluster, any node (each takes writes)."""
+    databases = {}
+    for n, url in enumerate(shard_urls(value)):
+        if len(cluster_urls(url)) > 1 and not url.startswith(("postgres://", "postgresql://")):
+            raise ImproperlyConfigured(
+                f"SHARD_DATABASE_URLS: shard {n} ({url}) names several hosts; a MySQL-family "
+                "shard is one server's URL (of a Galera cluster, one node's)"
+            )
+        databases[f"shard{n}"] = (
+            postgres_hosts_database(url) if len(cluster_urls(url)) > 1 else database_from_url(url)
+        )
+    return databases
+
+
 def redis_cache(url: str, sentinels: str | None = None) -> dict:
     """The cache tier's django-redis settings. ``url``: ``redis://host:port/db``; with
     ``sentinels`` (``host:port,host:port``), ``redis://<service name>/db`` of a primary that
@@ -159,9 +186,16 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 if REDIS_URL:
     CACHES["agentmemory"] = redis_cache(REDIS_URL, os.environ.get("REDIS_SENTINELS"))
 
+# SHARD_DATABASE_URLS=URL0,URL1,...: sessions sharded over these databases (aliases shard0,
+# shard1, ...; agentmemory.ShardedStore, docs/scaling.md). Each is migrated on its own:
+# `manage.py migrate --database shard0`, and so on.
+SHARDS = shard_databases(os.environ.get("SHARD_DATABASE_URLS", ""))
+DATABASES.update(SHARDS)
+
 AGENTMEMORY = {
     "DATABASE": "default",
     "CACHE": "agentmemory" if REDIS_URL else None,
+    "SHARDS": list(SHARDS) or None,
 }
 
 AUTH_PASSWORD_VALIDATORS = []

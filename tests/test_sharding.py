@@ -8,13 +8,20 @@ another would have them."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import random
+import subprocess
+import sys
 import threading
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.db import connections
 
 from agentmemory import Index, InvalidMemory, MemoryStore, ShardedStore, clock
@@ -24,6 +31,9 @@ from agentmemory.sharding import check_shards, place
 from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
+from .helpers import child_database_url, run_memcheck
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
@@ -231,7 +241,8 @@ def test_purges_and_pruning_run_on_every_shard_and_count_over_them():
     assert seen[-1] == (10, 10)
     assert store.expired_counts() == (0, 0)
     assert store.each_shard(lambda s: s.prune_history(keep_last=1, dry_run=True)) == {
-        alias: 3 * per_shard[alias] for alias in SHARDS  # "gone": its write; "kept": 2 of 3
+        alias: 3 * per_shard[alias]
+        for alias in SHARDS  # "gone": its write; "kept": 2 of 3
     }
     assert store.prune_history(keep_last=1) == 30
     assert store.prune_history(keep_last=1, session_id=ids[0]) == 0
@@ -278,3 +289,91 @@ def test_a_plain_store_is_its_own_shard():
     assert store.shard("s") is store
     with pytest.raises(InvalidMemory):
         store.shard("")
+
+
+# ---------------------------------------------------------------------- memcheck
+
+
+@pytest.mark.slow  # memcheck runs (every backend in make test; not the matrix)
+def test_memcheck_without_database_runs_on_every_shard_and_gives_each_a_verdict(settings):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
+    code, out = run_memcheck("--ops", "150")
+    assert code == 0, out
+    table = out[out.index("shard        vendor") :].splitlines()
+    assert [line.split()[0] for line in table[1:3]] == SHARDS
+    assert all(line.endswith(" ok") for line in table[1:3]), table
+    assert table[3] == "whole run: ok (2 shards)"
+    assert out.count("RESULT: no anomaly") == 2
+
+
+@pytest.mark.slow
+def test_memcheck_across_shards_fails_when_the_shards_lose_updates(settings):
+    """The unsafe path on every shard: each shard's run finds its lost updates, and the whole run
+    is not ok -- the verdict is the shards' verdicts, not a summary that hides one."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
+    code, out = run_memcheck("--ops", "300", "--unsafe", "--faults", "none", "--format", "json")
+    assert code == 1, out
+    report = json.loads(out)
+    assert report["ok"] is False
+    assert {alias: shard["verdict"] for alias, shard in report["shards"].items()} == {
+        alias: "NOT OK" for alias in SHARDS
+    }
+    for shard in report["shards"].values():
+        assert shard["run"]["anomalies"], shard
+
+
+@pytest.mark.slow
+def test_a_shard_that_cannot_run_is_reported_and_the_others_still_run():
+    """A third shard whose database cannot be opened: the two others run and pass, the third is
+    named with why, and the exit code is 2 (could not run), not 0."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": child_database_url(),
+        "SHARD_DATABASE_URLS": f"{child_database_url()},sqlite:////nonexistent-folder/x.sqlite3",
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "memcheck", "--ops", "100"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stdout[done.stdout.index("shard        vendor") :].splitlines()
+    assert lines[1].split()[0] == "shard0" and lines[1].endswith(" ok"), lines
+    assert (
+        lines[2].startswith("shard1") and "could not run: cannot use database 'shard1'" in lines[2]
+    )
+    assert lines[3] == "whole run: NOT OK (2 shards)"
+
+
+@pytest.mark.parametrize("option", [["--audit"], ["--self-test"], ["--junit", "x.xml"]])
+def test_options_of_one_database_are_refused_across_shards_naming_the_way(
+    settings, option, tmp_path
+):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
+    if option[0] == "--junit":
+        option = ["--junit", str(tmp_path / "x.xml")]
+    with pytest.raises(CommandError, match="--database SHARD, once per shard"):
+        call_command("memcheck", *option, stdout=io.StringIO(), stderr=io.StringIO())
+    assert not (tmp_path / "x.xml").exists()
+
+
+def test_the_example_projects_shard_urls_keep_a_postgres_host_list_whole():
+    from project.settings import shard_databases, shard_urls
+
+    value = (
+        "sqlite:////tmp/a.sqlite3, postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write"
+        ",mysql://root@127.0.0.1:3306/x"
+    )
+    assert shard_urls(value) == [
+        "sqlite:////tmp/a.sqlite3",
+        "postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
+        "mysql://root@127.0.0.1:3306/x",
+    ]
+    databases = shard_databases(value)
+    assert list(databases) == ["shard0", "shard1", "shard2"]
+    assert (databases["shard1"]["HOST"], databases["shard1"]["PORT"]) == ("h1,h2", "5432,5433")
+    with pytest.raises(ImproperlyConfigured, match=r"shard 0 .* names several hosts"):
+        shard_databases("mysql://root@n1:3306,n2:3306/x")

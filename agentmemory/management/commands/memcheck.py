@@ -100,9 +100,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--database",
             default=None,
-            help="database alias (default: AGENTMEMORY['DATABASE']), or the aliases of one "
-            "cluster's nodes, comma-separated (default,node2,node3): the clients are spread over "
-            "them, each pinned to one node",
+            help="database alias (default: AGENTMEMORY['DATABASE'], or with "
+            "AGENTMEMORY['SHARDS'] each shard in turn), or the aliases of one cluster's nodes, "
+            "comma-separated (default,node2,node3): the clients are spread over them, each "
+            "pinned to one node",
         )
         parser.add_argument(
             "--workers",
@@ -240,6 +241,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        shards = get_config()["SHARDS"] if options["database"] is None else None
+        if shards and not options["check"]:
+            for option in ("audit", "self_test", "history", "junit", "report"):
+                if options[option]:
+                    flag = "--" + option.replace("_", "-")
+                    raise CommandError(
+                        f"{flag} runs on one database: across AGENTMEMORY['SHARDS'] give it "
+                        f"--database SHARD, once per shard ({', '.join(shards)})",
+                        returncode=2,
+                    )
         if options["report"]:
             _prepare_report_folder(options["report"], options["force"])
         elif options["force"]:
@@ -253,6 +264,8 @@ class Command(BaseCommand):
             _check_writable(options["junit"], "junit")
         if options["check"]:
             return self._check(options["check"], options)
+        if shards:
+            return self._across_shards(list(shards), options)
         aliases = [a.strip() for a in (options["database"] or get_config()["DATABASE"]).split(",")]
         for alias in aliases:
             if alias not in connections.settings:
@@ -383,7 +396,68 @@ class Command(BaseCommand):
                 returncode=2,
             ) from exc
 
+    def _across_shards(self, shards: list[str], options: dict[str, Any]) -> None:
+        """Without ``--database`` and with ``AGENTMEMORY["SHARDS"]``: a run on each shard in
+        turn (every guarantee holds within a session, so within its shard), each shard's report,
+        then one line per shard and the whole run's verdict. A shard that cannot run is reported
+        and the others still run: exit 2 if one could not run, else 1 if one found anomalies."""
+        self._check_cache()
+        asked = options["faults"]
+        verdicts: dict[str, tuple[str, RunResult | None]] = {}
+        for alias in shards:
+            self.stderr.write(f"memcheck: shard {alias} ({connections[alias].vendor})")
+            try:
+                self._check_ready(alias)
+                options["faults"] = self._faults([alias], asked, options["unsafe"])
+                result = self._result([alias], options)
+            except CommandError as exc:
+                self.stderr.write(f"memcheck: shard {alias} could not run: {exc}")
+                verdicts[alias] = (f"could not run: {exc}", None)
+                continue
+            verdicts[alias] = ("NOT OK" if result.anomalies else "ok", result)
+            if options["format"] != "json":
+                self.stdout.write(f"== shard {alias}\n" + render_text(result))
+        ran = [r for _, r in verdicts.values() if r is not None]
+        ok = len(ran) == len(shards) and not any(r.anomalies for r in ran)
+        if options["format"] == "json":
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "shards": {
+                            alias: {"verdict": verdict, "run": r.as_dict() if r else None}
+                            for alias, (verdict, r) in verdicts.items()
+                        },
+                        "ok": ok,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
+        else:
+            lines = ["", "shard        vendor       operations  anomalies  verdict"]
+            for alias, (verdict, r) in verdicts.items():
+                ops = str(len(r.history.operations)) if r else "-"
+                found = str(len(r.anomalies)) if r else "-"
+                vendor = connections[alias].vendor
+                lines.append(f"{alias:<12} {vendor:<12} {ops:>10}  {found:>9}  {verdict}")
+            lines.append(f"whole run: {'ok' if ok else 'NOT OK'} ({len(shards)} shards)")
+            self.stdout.write("\n".join(lines))
+        if len(ran) < len(shards):
+            raise SystemExit(2)
+        if not ok:
+            raise SystemExit(1)
+
     def _run(self, aliases: list[str], options: dict[str, Any]) -> None:
+        result = self._result(aliases, options)
+        self.stdout.write(
+            render_json(result) if options["format"] == "json" else render_text(result)
+        )
+        self._write_extras(options, result, render_junit, write_report)
+        if result.anomalies:
+            raise SystemExit(1)
+
+    def _result(self, aliases: list[str], options: dict[str, Any]) -> RunResult:
+        """One run on ``aliases`` (one database, or one cluster's nodes), its --history saved."""
         database = ",".join(aliases)
         config = self._config(options)
         try:
@@ -419,12 +493,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"cannot write --history {options['history']}: {exc}", returncode=2
                 ) from exc
-        self.stdout.write(
-            render_json(result) if options["format"] == "json" else render_text(result)
-        )
-        self._write_extras(options, result, render_junit, write_report)
-        if result.anomalies:
-            raise SystemExit(1)
+        return result
 
     def _write_extras(
         self,
