@@ -41,7 +41,8 @@ demo:
 # Redis tier pays (the database behind a delay proxy): docs/tier-benchmarks.{json,md,png}, and
 # agents at once on each stack (make bench-agents): docs/agent-benchmarks.{json,md,png}, and the
 # adapters of LlamaIndex, Agent Framework and MCP against their peers: docs/adapter-benchmarks.*,
-# and what OpenTelemetry costs the store: docs/telemetry-benchmarks.*.
+# and what OpenTelemetry costs the store: docs/telemetry-benchmarks.*, and what sharding costs
+# and gives: docs/sharding-benchmarks.*.
 bench:
 	@bash scripts/bootstrap.sh
 	@bash scripts/services.sh
@@ -50,6 +51,7 @@ bench:
 	@.venv/bin/python bench/sessions.py
 	@.venv/bin/python bench/adapters.py
 	@.venv/bin/python bench/telemetry.py
+	@.venv/bin/python bench/sharding.py
 	@.venv/bin/python bench/checkpointers.py
 	@.venv/bin/python bench/tier.py
 	@.venv/bin/python bench/agent_turns.py
@@ -70,6 +72,7 @@ bench-quick:
 	@.venv/bin/python bench/sessions.py --quick
 	@.venv/bin/python bench/adapters.py --quick
 	@.venv/bin/python bench/telemetry.py --quick
+	@.venv/bin/python bench/sharding.py --quick
 	@.venv/bin/python bench/checkpointers.py --quick
 	@.venv/bin/python bench/tier.py --quick --rtts 0,1
 	@.venv/bin/python bench/agent_turns.py --quick

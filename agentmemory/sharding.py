@@ -7,7 +7,8 @@ transaction, so the session id is the shard key: all of one session's rows live 
 cluster), and every guarantee holds there as on a single database.
 
 :func:`place` chooses a session's shard by rendezvous hashing (highest random weight): of the
-shards' aliases, the one whose hash with the session id is highest. Every process with the same
+shards' aliases, the one whose weight for the session id is highest (a weight: the session id's
+BLAKE2b hash and the alias's, mixed by SplitMix64's finalizer). Every process with the same
 list of aliases -- in any order -- places every session on the same shard, with no table to read
 and nothing to share. Adding a shard moves only the sessions that now hash highest on it (a
 fraction 1/(n+1) of them); removing one moves only its own. The aliases are the shards' names:
@@ -49,18 +50,33 @@ from .store import _CACHE_FROM_SETTINGS, _INDEX_FROM_SETTINGS, MemoryStore
 __all__ = ["ShardedStore", "check_shards", "place"]
 
 
+_MASK = (1 << 64) - 1
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(text.encode(), digest_size=8, person=b"agentmemory-shd").digest()
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _seed(alias: str) -> int:
+    return _digest(alias)
+
+
+def _weight(session: int, alias: str) -> int:
+    # SplitMix64's finalizer of the session's hash and the shard's: a bijection that spreads
+    # every input bit over the output, so each shard's weights are independent of the others'.
+    x = session ^ _seed(alias)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
 @functools.lru_cache(maxsize=65536)
 def _place(session_id: str, shards: tuple[str, ...]) -> str:
-    encoded = session_id.encode()
-    return max(
-        shards,
-        key=lambda alias: (
-            hashlib.blake2b(
-                encoded, digest_size=8, person=b"agentmemory", key=alias.encode()
-            ).digest(),
-            alias,
-        ),
-    )
+    session = _digest(session_id)
+    return max(shards, key=lambda alias: (_weight(session, alias), alias))
 
 
 def place(session_id: str, shards: Sequence[str]) -> str:
@@ -71,8 +87,7 @@ def place(session_id: str, shards: Sequence[str]) -> str:
 
 def check_shards(shards: Any) -> tuple[str, ...]:
     """``shards`` as a tuple of aliases of ``DATABASES``, or ImproperlyConfigured naming what is
-    wrong: not a list or tuple of str, empty, a repeated alias, an alias that is not a database,
-    or one longer than 64 bytes (the hash's key)."""
+    wrong: not a list or tuple of str, empty, a repeated alias, an alias that is not a database."""
     if isinstance(shards, str) or not isinstance(shards, (list, tuple)):
         raise ImproperlyConfigured(
             f"AGENTMEMORY['SHARDS'] must be a list of database aliases, got {shards!r}"
@@ -88,10 +103,6 @@ def check_shards(shards: Any) -> tuple[str, ...]:
             raise ImproperlyConfigured(
                 f"AGENTMEMORY['SHARDS'] names {alias!r}, which is not in DATABASES "
                 f"({', '.join(settings.DATABASES)})"
-            )
-        if len(alias.encode()) > 64:
-            raise ImproperlyConfigured(
-                f"AGENTMEMORY['SHARDS'] names {alias!r}: a shard's alias is at most 64 bytes"
             )
     repeated = sorted(alias for alias, n in Counter(shards).items() if n > 1)
     if repeated:

@@ -48,3 +48,13 @@ CACHES = {
     },
 }
 AGENTMEMORY = {"DATABASE": "sqlite", "CACHE": None}
+# Shards for bench/sharding.py: three more databases of each kind (shard 0 is the alias itself).
+for _n in range(1, 4):
+    DATABASES[f"sqlite-shard{_n}"] = {
+        **DATABASES["sqlite"],
+        "NAME": str(OUT / f"bench-shard{_n}.sqlite3"),
+    }
+    DATABASES[f"postgres-shard{_n}"] = {
+        **DATABASES["postgres"],
+        "NAME": f"agentmemory_bench_shard{_n}",
+    }

@@ -61,10 +61,10 @@ def test_the_placement_is_the_documented_function_of_the_session_id():
         place(s, ["shard2", "shard0", "shard1"]) for s in ("a", "b", "c", "user-42")
     ]
     assert {s: place(s, ["shard0", "shard1", "shard2"]) for s in ("a", "b", "c", "user-42")} == {
-        "a": "shard0",
-        "b": "shard2",
-        "c": "shard0",
-        "user-42": "shard2",
+        "a": "shard2",
+        "b": "shard0",
+        "c": "shard2",
+        "user-42": "shard0",
     }
 
 
