@@ -305,6 +305,24 @@ class CacheIncarnation(models.Model):
         return f"incarnation {self.counter} (moved {self.moved_at})"
 
 
+class ShardMap(models.Model):
+    """The shards this database's sessions are placed over (:mod:`agentmemory.sharding`): one
+    row, written by the first :class:`~agentmemory.sharding.ShardedStore` that used the
+    database, read by every other process's first call to it. A process with another list of
+    shards would place some sessions elsewhere and split their calls between two databases: its
+    calls are refused instead (``manage.py agentmemory_shards`` shows and changes the list)."""
+
+    #: The one row's primary key.
+    ONLY = 1
+
+    id = models.PositiveSmallIntegerField(primary_key=True)
+    shards = models.JSONField()
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"shards {', '.join(self.shards)} (recorded {self.recorded_at})"
+
+
 # ---------------------------------------------------------------------- logs
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.utils import timezone
 
 from . import validation
 from .conf import get_config
@@ -46,8 +48,16 @@ from .errors import MemoryUnavailable
 from .records import ScoredMemory
 from .semantic import Index
 from .store import _CACHE_FROM_SETTINGS, _INDEX_FROM_SETTINGS, MemoryStore
+from .vendors import insert_if_missing
 
-__all__ = ["ShardedStore", "check_shards", "place"]
+__all__ = [
+    "ShardedStore",
+    "check_shards",
+    "forget_checked",
+    "place",
+    "record_shards",
+    "recorded_shards",
+]
 
 
 _MASK = (1 << 64) - 1
@@ -83,6 +93,71 @@ def place(session_id: str, shards: Sequence[str]) -> str:
     """The alias, among ``shards``, of the database that holds ``session_id``'s rows: the same
     in every process and for every order of ``shards`` (rendezvous hashing; see the module)."""
     return _place(session_id, tuple(sorted(shards)))
+
+
+#: (alias, shards) this process has checked against the alias's recorded list.
+_verified: set[tuple[str, tuple[str, ...]]] = set()
+_verifying = threading.Lock()
+
+
+def forget_checked() -> None:
+    """Check each shard's recorded list again at its next call in this process (each is checked
+    once per process: after ``agentmemory_shards set``, or in tests that empty the databases)."""
+    _verified.clear()
+
+
+def recorded_shards(alias: str) -> list[str] | None:
+    """The list of shards recorded in the database ``alias`` (:class:`~agentmemory.models.
+    ShardMap`), or None if none is."""
+    from .models import ShardMap
+
+    found = ShardMap.objects.using(alias).filter(pk=ShardMap.ONLY).values_list("shards", flat=True)
+    return next(iter(found), None)
+
+
+def record_shards(alias: str, shards: Sequence[str]) -> None:
+    """Record ``shards`` (sorted) as the list the database ``alias``'s sessions are placed over,
+    replacing what was recorded (``manage.py agentmemory_shards set``)."""
+    from .models import ShardMap
+
+    ShardMap.objects.using(alias).update_or_create(
+        pk=ShardMap.ONLY, defaults={"shards": sorted(shards), "recorded_at": timezone.now()}
+    )
+    forget_checked()
+
+
+def _verify(store: MemoryStore, shards: tuple[str, ...]) -> None:
+    """Refuse a shard whose recorded list of shards is not ``shards`` (the first to use it
+    records it): a process placing sessions over another list would split their calls."""
+    alias = store.using
+    if (alias, shards) in _verified:
+        return
+    from .models import ShardMap
+
+    with _verifying:
+        if (alias, shards) in _verified:
+            return
+
+        def read_or_record() -> list[str]:
+            found = recorded_shards(alias)
+            if found is None:
+                insert_if_missing(
+                    connections[alias],
+                    ShardMap,
+                    {"id": ShardMap.ONLY, "shards": list(shards), "recorded_at": timezone.now()},
+                )
+                found = recorded_shards(alias)
+            assert found is not None
+            return found
+
+        found = store._retrier.read(read_or_record)
+        if tuple(found) != shards:
+            raise ImproperlyConfigured(
+                f"shard {alias!r} places sessions over shards {found}, this process over "
+                f"{list(shards)}: every process must have the same AGENTMEMORY['SHARDS'] (a "
+                "changed list: `manage.py agentmemory_shards set`, docs/scaling.md)"
+            )
+        _verified.add((alias, shards))
 
 
 def check_shards(shards: Any) -> tuple[str, ...]:
@@ -197,8 +272,11 @@ class ShardedStore:
         return _place(validation.check_session_id(session_id), self.shards)
 
     def shard(self, session_id: str) -> MemoryStore:
-        """The store of ``session_id``'s shard: every call about that session goes to it."""
+        """The store of ``session_id``'s shard: every call about that session goes to it.
+        ImproperlyConfigured if the shard records another list of shards than this store's
+        (checked once per process and shard)."""
         store = self.stores[self.place(session_id)]
+        _verify(store, self.shards)
         self._local.store = store
         return store
 
@@ -211,6 +289,7 @@ class ShardedStore:
         answers = {}
         for alias, store in self.stores.items():
             try:
+                _verify(store, self.shards)
                 answers[alias] = call(store)
             except MemoryUnavailable as error:
                 raise MemoryUnavailable(

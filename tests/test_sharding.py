@@ -27,7 +27,13 @@ from django.db import connections
 from agentmemory import Index, InvalidMemory, MemoryStore, ShardedStore, clock
 from agentmemory.checks import check_shards_setting
 from agentmemory.models import Log, Memory
-from agentmemory.sharding import check_shards, place
+from agentmemory.sharding import (
+    check_shards,
+    forget_checked,
+    place,
+    record_shards,
+    recorded_shards,
+)
 from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
@@ -38,6 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 SHARDS = ["default", "other"]
+
+
+@pytest.fixture(autouse=True)
+def _checked_again():
+    """Each test's databases start empty: each shard's recorded list is checked again."""
+    forget_checked()
 
 
 def sessions_on(alias: str) -> set[str]:
@@ -377,3 +389,57 @@ def test_the_example_projects_shard_urls_keep_a_postgres_host_list_whole():
     assert (databases["shard1"]["HOST"], databases["shard1"]["PORT"]) == ("h1,h2", "5432,5433")
     with pytest.raises(ImproperlyConfigured, match=r"shard 0 .* names several hosts"):
         shard_databases("mysql://root@n1:3306,n2:3306/x")
+
+
+# ---------------------------------------------------------------------- the recorded list
+
+
+def test_a_process_with_another_list_of_shards_is_refused_and_writes_nothing():
+    """The first store to use a shard records its list; a store over another list -- a process
+    whose settings lack a shard, or name one more -- would place some sessions elsewhere and
+    split their calls between two databases: its calls are refused, naming both lists."""
+    first = ShardedStore(SHARDS, cache=None)
+    first.remember("s", "k", 1)  # records the list on the session's shard
+    assert recorded_shards(first.place("s")) == SHARDS
+    first.expired_counts()  # and on every shard
+    assert {alias: recorded_shards(alias) for alias in SHARDS} == {
+        "default": SHARDS,
+        "other": SHARDS,
+    }
+    for other_list in (["default"], ["other"]):
+        lonely = ShardedStore(other_list, cache=None)
+        with pytest.raises(ImproperlyConfigured, match=r"over shards \['default', 'other'\]"):
+            lonely.remember("s2", "k", 1)
+        with pytest.raises(ImproperlyConfigured):
+            lonely.expired_counts()
+    assert Memory.objects.using("default").count() + Memory.objects.using("other").count() == 1
+
+
+def test_the_shards_command_shows_each_shards_list_and_sets_the_settings(settings):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
+    out = io.StringIO()
+    call_command("agentmemory_shards", "show", stdout=out)
+    assert out.getvalue().splitlines() == [
+        f"{alias}: none recorded (the first ShardedStore call records the setting's)"
+        for alias in SHARDS
+    ]
+    record_shards("other", ["other"])  # a shard recorded with another list
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("agentmemory_shards", "show", stdout=out)
+    assert exited.value.code == 1
+    assert "other: other  <- not the setting's (default, other)" in out.getvalue()
+    with pytest.raises(ImproperlyConfigured):
+        ShardedStore(cache=None).each_shard(lambda store: store.expired_counts())
+    out = io.StringIO()
+    call_command("agentmemory_shards", "set", stdout=out)
+    assert out.getvalue().splitlines() == ["default: default, other", "other: default, other"]
+    assert ShardedStore(cache=None).expired_counts() == (0, 0)
+
+
+@pytest.mark.parametrize("shards", [None, "default", ["default", "nowhere"]], ids=repr)
+def test_the_shards_command_refuses_a_bad_setting_with_exit_2(settings, shards):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": shards}
+    with pytest.raises(CommandError) as refused:
+        call_command("agentmemory_shards", "show", stdout=io.StringIO())
+    assert refused.value.returncode == 2 and "SHARDS" in str(refused.value)

@@ -1,0 +1,52 @@
+"""``manage.py agentmemory_shards``: the list of shards each shard records
+(:mod:`agentmemory.sharding`), and changing it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from ...conf import get_config
+from ...sharding import check_shards, record_shards, recorded_shards
+
+
+class Command(BaseCommand):
+    help = (
+        "Each shard of AGENTMEMORY['SHARDS'] records the list of shards its sessions are placed "
+        "over; a process with another list is refused. 'show' prints each shard's list (exit 1 "
+        "if one differs from the setting); 'set' records the setting's list on every shard, "
+        "once every process runs with it (docs/scaling.md). Exit 2 when it could not run."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=["show", "set"])
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            shards = check_shards(get_config()["SHARDS"])
+        except ImproperlyConfigured as exc:
+            raise CommandError(f"agentmemory_shards: {exc}", returncode=2) from exc
+        configured = sorted(shards)
+        differs = False
+        for alias in configured:
+            try:
+                if options["action"] == "set":
+                    record_shards(alias, configured)
+                found = recorded_shards(alias)
+            except DatabaseError as exc:
+                raise CommandError(
+                    f"agentmemory_shards could not read shard {alias!r}: {exc}", returncode=2
+                ) from exc
+            if found is None:
+                state = "none recorded (the first ShardedStore call records the setting's)"
+            elif found == configured:
+                state = ", ".join(found)
+            else:
+                differs = True
+                state = f"{', '.join(found)}  <- not the setting's ({', '.join(configured)})"
+            self.stdout.write(f"{alias}: {state}")
+        if differs:
+            raise SystemExit(1)
