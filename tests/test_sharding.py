@@ -443,3 +443,55 @@ def test_the_shards_command_refuses_a_bad_setting_with_exit_2(settings, shards):
     with pytest.raises(CommandError) as refused:
         call_command("agentmemory_shards", "show", stdout=io.StringIO())
     assert refused.value.returncode == 2 and "SHARDS" in str(refused.value)
+
+
+# ---------------------------------------------------------------------- maintenance commands
+
+
+def test_the_maintenance_commands_run_on_every_shard_without_database(settings):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
+    store = ShardedStore(cache=None)
+    ids = session_ids(10, seed=6)
+    for session_id in ids:
+        store.remember(session_id, "k", 1, ttl=60)
+        store.remember(session_id, "k", 2, ttl=60)
+    clock.advance(timedelta(seconds=61))
+    expected = Counter(store.place(s) for s in ids)
+    out = io.StringIO()
+    call_command("purge_expired", stdout=out, stderr=io.StringIO())
+    lines = out.getvalue().splitlines()
+    assert [line.split(": expired ")[0] for line in lines] == [
+        f"purge_expired on {alias!r}" for alias in SHARDS
+    ]
+    assert [int(line.split(": expired ")[1].split()[0]) for line in lines] == [
+        expected[alias] for alias in SHARDS
+    ]
+    out = io.StringIO()
+    call_command("prunehistory", "--keep-last", "1", stdout=out, stderr=io.StringIO())
+    assert [line.split(": removed ")[1].split()[0] for line in out.getvalue().splitlines()] == [
+        str(2 * expected[alias])
+        for alias in SHARDS  # of write, write, expire: two go
+    ]
+    out = io.StringIO()
+    call_command("purge_expired", "--database", "other", stdout=out, stderr=io.StringIO())
+    assert out.getvalue().startswith("purge_expired on 'other': expired 0")
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "wanted"),
+    [
+        ("purge_expired", ["--batch", "0"], "batch"),
+        ("prunehistory", ["--keep-last", "0"], "keep_last"),
+        ("purge_expired", ["--database", "nowhere"], "unknown database alias 'nowhere'"),
+        ("reindex", ["--session", ""], "session_id"),
+    ],
+)
+def test_a_maintenance_command_refused_on_every_shard_exits_2_naming_each(
+    settings, command, args, wanted
+):
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
+    with pytest.raises(CommandError, match=wanted) as refused:
+        call_command(command, *args, stdout=io.StringIO(), stderr=io.StringIO())
+    assert refused.value.returncode == 2
+    if args[0] not in ("--database", "--session"):  # refused by each shard: each named
+        assert all(f"shard {alias!r}" in str(refused.value) for alias in SHARDS)

@@ -10,13 +10,54 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
+from ..conf import get_config
+
 
 def add_database_option(parser: CommandParser) -> None:
     """``--database``, as every maintenance command takes it (read back by
-    :func:`checked_alias`)."""
+    :func:`checked_alias` and :func:`on_each_database`)."""
     parser.add_argument(
-        "--database", default=None, help="database alias (default: AGENTMEMORY['DATABASE'])"
+        "--database",
+        default=None,
+        help="database alias (default: AGENTMEMORY['DATABASE'], or with AGENTMEMORY['SHARDS'] "
+        "each shard in turn)",
     )
+
+
+def on_each_database(
+    database: str | None, run: Callable[[str | None], None], session_id: str | None = None
+) -> None:
+    """``run(alias)`` on ``--database``; without it, on each of ``AGENTMEMORY["SHARDS"]`` in
+    turn (only ``session_id``'s shard, if given) or on the default database. A shard that fails
+    does not stop the others: then the command exits with the failures' highest code, naming
+    each shard."""
+    alias = checked_alias(database)
+    shards = get_config()["SHARDS"]
+    if alias is not None or not shards:
+        run(alias)
+        return
+    if session_id is not None:
+        from ..errors import InvalidMemory
+        from ..sharding import place
+        from ..validation import check_session_id
+
+        try:
+            session_id = check_session_id(session_id)
+        except InvalidMemory as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        run(place(session_id, shards))
+        return
+    failed: list[tuple[str, CommandError]] = []
+    for shard in shards:
+        try:
+            run(shard)
+        except CommandError as exc:
+            failed.append((shard, exc))
+    if failed:
+        raise CommandError(
+            "; ".join(f"shard {shard!r}: {exc}" for shard, exc in failed),
+            returncode=max(exc.returncode for _, exc in failed),
+        )
 
 
 def checked_alias(alias: str | None) -> str | None:

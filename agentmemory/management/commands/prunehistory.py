@@ -12,7 +12,7 @@ from django.db import DatabaseError
 from ...conf import get_config
 from ...errors import InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
-from ..batches import add_database_option, checked_alias, progress_bar
+from ..batches import add_database_option, checked_alias, on_each_database, progress_bar
 
 
 class Command(BaseCommand):
@@ -51,7 +51,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = checked_alias(options["database"])
+        checked_alias(options["database"])
         policy = get_config()["HISTORY_RETENTION"]
         if (
             options["keep_last"] is None
@@ -64,25 +64,29 @@ class Command(BaseCommand):
                 "AGENTMEMORY['HISTORY_RETENTION']): every version is kept, nothing to do"
             )
             return
-        store = MemoryStore(using=alias, cache=None)
-        started = time.monotonic()
-        try:
-            with progress_bar(self.stderr, "prunehistory") as progress:
-                pruned = store.prune_history(
-                    keep_last=options["keep_last"],
-                    keep_days=options["keep_days"],
-                    batch=options["batch"],
-                    dry_run=options["dry_run"],
-                    progress=progress,
-                )
-        except InvalidMemory as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        except (DatabaseError, MemoryUnavailable) as exc:
-            raise CommandError(
-                f"prunehistory could not run on {store.using!r}: {exc}", returncode=2
-            ) from exc
-        verb = "would remove" if options["dry_run"] else "removed"
-        self.stdout.write(
-            f"prunehistory on {store.using!r}: {verb} {pruned} versions "
-            f"in {time.monotonic() - started:.1f} s"
-        )
+
+        def run(alias: str | None) -> None:
+            store = MemoryStore(using=alias, cache=None)
+            started = time.monotonic()
+            try:
+                with progress_bar(self.stderr, "prunehistory") as progress:
+                    pruned = store.prune_history(
+                        keep_last=options["keep_last"],
+                        keep_days=options["keep_days"],
+                        batch=options["batch"],
+                        dry_run=options["dry_run"],
+                        progress=progress,
+                    )
+            except InvalidMemory as exc:
+                raise CommandError(str(exc), returncode=2) from exc
+            except (DatabaseError, MemoryUnavailable) as exc:
+                raise CommandError(
+                    f"prunehistory could not run on {store.using!r}: {exc}", returncode=2
+                ) from exc
+            verb = "would remove" if options["dry_run"] else "removed"
+            self.stdout.write(
+                f"prunehistory on {store.using!r}: {verb} {pruned} versions "
+                f"in {time.monotonic() - started:.1f} s"
+            )
+
+        on_each_database(options["database"], run)

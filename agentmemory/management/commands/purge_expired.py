@@ -12,7 +12,7 @@ from django.db import DatabaseError
 from ...errors import InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
 from ...validation import BATCH_MAX, check_version
-from ..batches import add_database_option, checked_alias, progress_bar
+from ..batches import add_database_option, on_each_database, progress_bar
 
 
 class Command(BaseCommand):
@@ -37,27 +37,29 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = checked_alias(options["database"])
-        store = MemoryStore(using=alias)
-        started = time.monotonic()
-        try:
-            batch = check_version("batch", options["batch"], minimum=1, maximum=BATCH_MAX)
-            if options["dry_run"]:
-                memories, logs = store.expired_counts()
-                self.stdout.write(
-                    f"purge_expired on {store.using!r}: would expire {memories} memories and "
-                    f"{logs} logs (dry run: nothing changed)"
-                )
-                return
-            with progress_bar(self.stderr, "purge_expired", "memories and logs") as progress:
-                expired = store.purge_expired(batch=batch, progress=progress)
-        except InvalidMemory as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        except (DatabaseError, MemoryUnavailable) as exc:
-            raise CommandError(
-                f"purge_expired could not run on {store.using!r}: {exc}", returncode=2
-            ) from exc
-        self.stdout.write(
-            f"purge_expired on {store.using!r}: expired {expired} memories and logs "
-            f"in {time.monotonic() - started:.1f} s"
-        )
+        def run(alias: str | None) -> None:
+            store = MemoryStore(using=alias)
+            started = time.monotonic()
+            try:
+                batch = check_version("batch", options["batch"], minimum=1, maximum=BATCH_MAX)
+                if options["dry_run"]:
+                    memories, logs = store.expired_counts()
+                    self.stdout.write(
+                        f"purge_expired on {store.using!r}: would expire {memories} memories and "
+                        f"{logs} logs (dry run: nothing changed)"
+                    )
+                    return
+                with progress_bar(self.stderr, "purge_expired", "memories and logs") as progress:
+                    expired = store.purge_expired(batch=batch, progress=progress)
+            except InvalidMemory as exc:
+                raise CommandError(str(exc), returncode=2) from exc
+            except (DatabaseError, MemoryUnavailable) as exc:
+                raise CommandError(
+                    f"purge_expired could not run on {store.using!r}: {exc}", returncode=2
+                ) from exc
+            self.stdout.write(
+                f"purge_expired on {store.using!r}: expired {expired} memories and logs "
+                f"in {time.monotonic() - started:.1f} s"
+            )
+
+        on_each_database(options["database"], run)

@@ -12,7 +12,7 @@ from django.db import DatabaseError
 
 from ...errors import EmbeddingFailed, InvalidMemory, MemoryUnavailable
 from ...store import MemoryStore
-from ..batches import add_database_option, checked_alias, progress_bar
+from ..batches import add_database_option, on_each_database, progress_bar
 
 
 class Command(BaseCommand):
@@ -38,32 +38,34 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = checked_alias(options["database"])
-        store = MemoryStore(using=alias, cache=None)
-        if store.index is None:
-            raise CommandError(
-                "no semantic index is configured (AGENTMEMORY['SEARCH']): nothing to reindex",
-                returncode=2,
-            )
-        started = time.monotonic()
-        try:
-            with progress_bar(self.stderr, "reindex") as progress:
-                changed = store.reindex(
-                    batch=options["batch"],
-                    dry_run=options["dry_run"],
-                    progress=progress,
-                    session_id=options["session"],
+        def run(alias: str | None) -> None:
+            store = MemoryStore(using=alias, cache=None)
+            if store.index is None:
+                raise CommandError(
+                    "no semantic index is configured (AGENTMEMORY['SEARCH']): nothing to reindex",
+                    returncode=2,
                 )
-        except (InvalidMemory, ImproperlyConfigured) as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        except (EmbeddingFailed, DatabaseError, MemoryUnavailable) as exc:
-            raise CommandError(
-                f"reindex stopped on {store.using!r}: {exc} (what was done stays done: run it "
-                "again to go on)",
-                returncode=1,
-            ) from exc
-        verb = "would embed again" if options["dry_run"] else "embedded again"
-        self.stdout.write(
-            f"reindex on {store.using!r} with model {store.index.model_name!r}: {verb} "
-            f"{changed} memories in {time.monotonic() - started:.1f} s"
-        )
+            started = time.monotonic()
+            try:
+                with progress_bar(self.stderr, "reindex") as progress:
+                    changed = store.reindex(
+                        batch=options["batch"],
+                        dry_run=options["dry_run"],
+                        progress=progress,
+                        session_id=options["session"],
+                    )
+            except (InvalidMemory, ImproperlyConfigured) as exc:
+                raise CommandError(str(exc), returncode=2) from exc
+            except (EmbeddingFailed, DatabaseError, MemoryUnavailable) as exc:
+                raise CommandError(
+                    f"reindex stopped on {store.using!r}: {exc} (what was done stays done: run it "
+                    "again to go on)",
+                    returncode=1,
+                ) from exc
+            verb = "would embed again" if options["dry_run"] else "embedded again"
+            self.stdout.write(
+                f"reindex on {store.using!r} with model {store.index.model_name!r}: {verb} "
+                f"{changed} memories in {time.monotonic() - started:.1f} s"
+            )
+
+        on_each_database(options["database"], run, options["session"])
