@@ -41,7 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils import timezone
 
-from . import validation
+from . import aio, validation
 from .conf import get_config
 from .defects import Defect
 from .errors import MemoryUnavailable
@@ -419,8 +419,24 @@ class ShardedStore:
         return None if store is None else store.last_read_source
 
 
+def _twin(name: str) -> Callable[..., Any]:
+    """The async twin ``a<name>``: the sync call on the store's pool of threads, as
+    MemoryStore's twins run (placing a session checks its shard's database, so it never runs on
+    the event loop's thread)."""
+    method = getattr(MemoryStore, f"a{name}")
+
+    @functools.wraps(method)
+    async def twin(self: ShardedStore, *args: Any, **kwargs: Any) -> Any:
+        return await aio.run(getattr(self, name), *args, **kwargs)
+
+    return twin
+
+
 for _name in PER_SESSION:
     setattr(ShardedStore, _name, _routed(_name))
+    if hasattr(MemoryStore, f"a{_name}"):
+        setattr(ShardedStore, f"a{_name}", _twin(_name))
+ShardedStore.asearch_sessions = _twin("search_sessions")  # type: ignore[attr-defined]
 
 
 def _over_shards(

@@ -495,3 +495,26 @@ def test_a_maintenance_command_refused_on_every_shard_exits_2_naming_each(
     assert refused.value.returncode == 2
     if args[0] not in ("--database", "--session"):  # refused by each shard: each named
         assert all(f"shard {alias!r}" in str(refused.value) for alias in SHARDS)
+
+
+def test_the_router_has_every_public_method_of_the_store_and_its_async_twins():
+    """A method added to MemoryStore and forgotten here would be an AttributeError for a
+    sharded project: every public name of the class is on the router too."""
+    public = {name for name in dir(MemoryStore) if not name.startswith("_")}
+    assert public - set(dir(ShardedStore)) == set()
+
+
+def test_the_async_twins_go_to_the_sessions_shard():
+    import asyncio
+
+    store = ShardedStore(SHARDS, cache=None)
+    ids = session_ids(6, seed=7)
+
+    async def main() -> list[object]:
+        await asyncio.gather(*(store.aremember(s, "k", s) for s in ids))
+        await store.aappend(ids[0], "log", [1])
+        return [(await store.arecall(s, "k")).value for s in ids]
+
+    assert asyncio.run(main()) == ids
+    for session_id in ids:
+        assert session_id in sessions_on(store.place(session_id))
