@@ -32,7 +32,7 @@ import django  # noqa: E402
 django.setup()
 
 from agentmemory import MemoryStore, ShardedStore  # noqa: E402
-from agentmemory.sharding import place  # noqa: E402
+from agentmemory.sharding import place, record_shards  # noqa: E402
 from bench.run import available_backends, progress, run_header, run_threads, write_results  # noqa: E402
 
 SIZES = {
@@ -49,28 +49,41 @@ def rate(calls: int, call: Callable[[int], Any]) -> float:
     return calls / (time.perf_counter() - started)
 
 
-def overhead(base: str, calls: int) -> dict[str, dict[str, float]]:
-    """Sequential calls/s of one session's remember and recall, by the plain store and by a
-    one-shard router over the same database."""
+def overhead(base: str, calls: int, flip: bool) -> dict[str, dict[str, float]]:
+    """Sequential calls/s of one session's remember, then recall, by the plain store and by a
+    one-shard router over the same database -- each call's two figures side by side, in turn
+    first (``flip``): SQLite's reads slow down as its write-ahead log grows between checkpoints,
+    so whichever ran after more writes would pay for it."""
     stores = {
         "MemoryStore": MemoryStore(using=base, cache=None),
-        "ShardedStore, 1 shard": ShardedStore([base], cache=None),
+        "ShardedStore, 1 shard": sharded([base]),
     }
-    figures: dict[str, dict[str, float]] = {}
+    order = list(stores.items())[:: -1 if flip else 1]
+    sessions = {name: f"bench-{uuid.uuid4().hex[:8]}" for name in stores}
+    figures: dict[str, dict[str, float]] = {name: {} for name in stores}
+    for name, store in order:
+        session = sessions[name]
+        figures[name]["remember"] = rate(calls, lambda n, s=store, i=session: s.remember(i, "k", n))
+    for name, store in order:
+        session = sessions[name]
+        figures[name]["recall"] = rate(calls, lambda n, s=store, i=session: s.recall(i, "k"))
     for name, store in stores.items():
-        session = f"bench-{uuid.uuid4().hex[:8]}"
-        figures[name] = {
-            "remember": rate(calls, lambda n, s=store, i=session: s.remember(i, "k", n)),
-            "recall": rate(calls, lambda n, s=store, i=session: s.recall(i, "k")),
-        }
-        store.erase_session(session)
+        store.erase_session(sessions[name])
     return figures
+
+
+def sharded(aliases: list[str]) -> ShardedStore:
+    """A router over ``aliases``, each recording them as its list first (the benchmark changes
+    the list between figures, as an operator does with ``agentmemory_shards set``)."""
+    for alias in aliases:
+        record_shards(alias, aliases)
+    return ShardedStore(aliases, cache=None)
 
 
 def throughput(aliases: list[str], threads: int, per_thread: int) -> float:
     """ops/s of ``threads`` threads, each writing and reading keys of sessions of its own
     (a remember then a recall, ``per_thread`` times) through a router over ``aliases``."""
-    store = ShardedStore(aliases, cache=None)
+    store = sharded(aliases)
     run = uuid.uuid4().hex[:8]
 
     def work(index: int) -> int:
@@ -121,7 +134,7 @@ def main() -> None:
         counts: dict[int, list[float]] = {n: [] for n in SHARD_COUNTS}
         for round_ in range(size["repeats"]):
             progress(f"{base}: round {round_ + 1} of {size['repeats']}")
-            for name, figures in overhead(base, size["calls"]).items():
+            for name, figures in overhead(base, size["calls"], flip=bool(round_ % 2)).items():
                 for op, value in figures.items():
                     samples.setdefault(name, {}).setdefault(op, []).append(value)
             for n in SHARD_COUNTS:
