@@ -212,6 +212,13 @@ PER_SESSION = (
 )
 
 
+def _named(alias: str, error: MemoryUnavailable) -> MemoryUnavailable:
+    """``error`` with the shard's alias first in its message (its cause and attempts kept)."""
+    return MemoryUnavailable(
+        f"shard {alias!r}: {error}", cause=error.cause, attempts=error.attempts
+    )
+
+
 def _routed(name: str) -> Callable[..., Any]:
     method = getattr(MemoryStore, name)
 
@@ -223,7 +230,11 @@ def _routed(name: str) -> Callable[..., Any]:
             session_id = kwargs["session_id"]
         else:
             raise TypeError(f"{name}() missing required argument: 'session_id'")
-        return getattr(self.shard(session_id), name)(*args, **kwargs)
+        alias = self.place(session_id)
+        try:
+            return getattr(self._checked(alias), name)(*args, **kwargs)
+        except MemoryUnavailable as error:
+            raise _named(alias, error) from error
 
     return routed
 
@@ -274,8 +285,16 @@ class ShardedStore:
     def shard(self, session_id: str) -> MemoryStore:
         """The store of ``session_id``'s shard: every call about that session goes to it.
         ImproperlyConfigured if the shard records another list of shards than this store's
-        (checked once per process and shard)."""
-        store = self.stores[self.place(session_id)]
+        (checked once per process and shard); MemoryUnavailable naming the shard if its
+        database cannot be asked."""
+        alias = self.place(session_id)
+        try:
+            return self._checked(alias)
+        except MemoryUnavailable as error:
+            raise _named(alias, error) from error
+
+    def _checked(self, alias: str) -> MemoryStore:
+        store = self.stores[alias]
         _verify(store, self.shards)
         self._local.store = store
         return store
@@ -292,9 +311,7 @@ class ShardedStore:
                 _verify(store, self.shards)
                 answers[alias] = call(store)
             except MemoryUnavailable as error:
-                raise MemoryUnavailable(
-                    f"shard {alias!r}: {error}", cause=error.cause, attempts=error.attempts
-                ) from error
+                raise _named(alias, error) from error
         return answers
 
     def search_sessions(

@@ -24,7 +24,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from agentmemory import Index, InvalidMemory, MemoryStore, ShardedStore, clock
+from agentmemory import (
+    Index,
+    InvalidMemory,
+    MemoryStore,
+    MemoryUnavailable,
+    ShardedStore,
+    clock,
+)
 from agentmemory.checks import check_shards_setting
 from agentmemory.models import Log, Memory
 from agentmemory.sharding import (
@@ -518,3 +525,49 @@ def test_the_async_twins_go_to_the_sessions_shard():
     assert asyncio.run(main()) == ids
     for session_id in ids:
         assert session_id in sessions_on(store.place(session_id))
+
+
+def test_a_shard_that_cannot_answer_fails_its_sessions_calls_naming_it_and_no_other(settings):
+    """The ``other`` shard's write lock held (a raw SQLite connection's BEGIN IMMEDIATE) past the
+    calls' deadline: a write of a session placed there raises MemoryUnavailable naming the
+    shard, and so does a call about every session; a session on ``default`` is served."""
+    import sqlite3
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "RETRY": {"DEADLINE": 1.0}}
+    store = ShardedStore(SHARDS, cache=None)
+    ids = session_ids(16, seed=8)
+    there = next(s for s in ids if store.place(s) == "other")
+    here = next(s for s in ids if store.place(s) == "default")
+    store.expired_counts()  # each shard's list recorded before the lock
+    store.remember(there, "due", 1, ttl=60)  # a purge must write on the locked shard
+    clock.advance(timedelta(seconds=61))
+    holder = sqlite3.connect(connections["other"].settings_dict["NAME"], timeout=5)
+    holder.execute("BEGIN IMMEDIATE")
+    outcome: dict[str, object] = {}
+
+    def calls() -> None:  # a thread of its own: connections opened under the 1 s deadline
+        try:
+            for name, call in (
+                ("there", lambda: store.remember(there, "k", 1)),
+                ("every", lambda: store.purge_expired()),
+                ("here", lambda: store.remember(here, "k", 1)),
+            ):
+                try:
+                    outcome[name] = call()
+                except Exception as error:  # the assertions below name it
+                    outcome[name] = error
+        finally:
+            connections.close_all()
+
+    try:
+        worker = threading.Thread(target=calls)
+        worker.start()
+        worker.join(60)
+    finally:
+        holder.rollback()
+        holder.close()
+    for name in ("there", "every"):
+        assert isinstance(outcome[name], MemoryUnavailable), outcome
+        assert str(outcome[name]).startswith("shard 'other': "), outcome[name]
+    assert outcome["here"].version == 1, outcome  # the other shard served meanwhile
+    assert store.recall(there, "k") is None and store.expired_counts() == (1, 0)
