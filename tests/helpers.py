@@ -246,3 +246,34 @@ def hit(store: Any, session_id: str = "s", key: str = "k") -> Any:
         f"{HIT_ATTEMPTS} reads of {session_id!r}/{key!r}, none served by Redis "
         f"(the last from {store.last_read_source})"
     )
+
+
+@contextmanager
+def holding_row_lock(session_id: str, key: str, using: str = "default") -> Iterator[None]:
+    """Within the block, another connection (a thread of its own) holds the memory's row lock
+    (``SELECT ... FOR UPDATE`` in an open transaction; SQLite: the database's write lock)."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from agentmemory.models import Memory
+
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(using=using):
+                Memory.objects.using(using).select_for_update().get(session_id=session_id, key=key)
+                holding.set()
+                release.wait(120)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30), "the row lock was not taken"
+        yield
+    finally:
+        release.set()
+        holder.join()

@@ -9,7 +9,7 @@ from django.db import DatabaseError, connection
 from agentmemory import MemoryStore, MemoryUnavailable
 from agentmemory.vendors import Transient, classify
 
-from .helpers import inject_errors, inserts_a_version, is_write_statement
+from .helpers import holding_row_lock, inject_errors, inserts_a_version, is_write_statement
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -187,26 +187,10 @@ def test_a_write_blocked_by_a_held_lock_gives_up_at_the_deadline_and_writes_noth
     import threading
     import time
 
-    from django.db import connections, transaction
-
-    from agentmemory.models import Memory
+    from django.db import connections
 
     MemoryStore(cache=None).remember("s", "k", "a")
     settings.AGENTMEMORY = {"RETRY": {"DEADLINE": deadline}}
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_lock():
-        try:
-            with transaction.atomic():
-                Memory.objects.select_for_update().get(session_id="s", key="k")
-                holding.set()
-                release.wait(120)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
-    assert holding.wait(30)
     outcome = {}
 
     def write():  # a thread of its own: a connection opened under these settings
@@ -220,13 +204,10 @@ def test_a_write_blocked_by_a_held_lock_gives_up_at_the_deadline_and_writes_noth
             outcome["seconds"] = time.monotonic() - started
             connections.close_all()
 
-    try:
+    with holding_row_lock("s", "k"):
         writer = threading.Thread(target=write)
         writer.start()
         writer.join(120)
-    finally:
-        release.set()
-        holder.join()
     assert isinstance(outcome["error"], MemoryUnavailable), outcome
     assert "DEADLINE 1.5 s" in str(outcome["error"])
     # Well inside one lock wait of any backend without the deadline (20 s, 50 s, forever).

@@ -16,7 +16,7 @@ from agentmemory.models import Memory, MemoryVersion
 from agentmemory.vendors import kill_connection, server_connection_id
 
 from .conftest import redis_alias
-from .helpers import hit, inject_errors, inserts_a_version, statements_sent
+from .helpers import hit, holding_row_lock, inject_errors, inserts_a_version, statements_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -249,17 +249,7 @@ def test_a_write_whose_lock_wait_is_cancelled_is_retried_once_the_lock_goes(stor
     import time
 
     store.remember("s", "k", "a")
-    holding, release = threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
-
-    def hold_the_lock() -> None:
-        try:
-            with transaction.atomic():
-                Memory.objects.select_for_update().get(session_id="s", key="k")
-                holding.set()
-                release.wait(60)
-        finally:
-            connections.close_all()
 
     def write() -> None:
         try:
@@ -269,11 +259,8 @@ def test_a_write_whose_lock_wait_is_cancelled_is_retried_once_the_lock_goes(stor
         finally:
             connections.close_all()
 
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
     writer = threading.Thread(target=write)
-    try:
-        assert holding.wait(30)
+    with holding_row_lock("s", "k"):
         writer.start()
         deadline = time.monotonic() + 30
         waiting: list[tuple[int]] = []
@@ -288,11 +275,7 @@ def test_a_write_whose_lock_wait_is_cancelled_is_retried_once_the_lock_goes(stor
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_cancel_backend(%s)", [waiting[0][0]])
             assert cursor.fetchone()[0] is True
-    finally:
-        release.set()
-        holder.join()
-        if writer.ident is not None:
-            writer.join(60)
+    writer.join(60)
     assert "error" not in outcome, outcome
     assert outcome["record"].version == 2
     assert [(h.version, h.value) for h in store.history("s", "k")] == [(1, "a"), (2, "b")]
