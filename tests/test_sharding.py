@@ -330,7 +330,11 @@ def test_memcheck_across_shards_fails_when_the_shards_lose_updates(settings):
     """The unsafe path on every shard: each shard's run finds its lost updates, and the whole run
     is not ok -- the verdict is the shards' verdicts, not a summary that hides one."""
     settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": SHARDS}
-    code, out = run_memcheck("--ops", "200", "--unsafe", "--faults", "none", "--format", "json")
+    # The unsafe path's run of tests/test_memcheck.py, which finds lost updates on every backend.
+    code, out = run_memcheck(
+        "--ops", "800", "--workers", "8", "--unsafe", "--workloads", "register,list",
+        "--faults", "none", "--format", "json",
+    )  # fmt: skip
     assert code == 1, out
     report = json.loads(out)
     assert report["ok"] is False
