@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DatabaseError
 from django.db.models import F, Value
@@ -363,8 +364,51 @@ return 1
 #: The most entries stored between two fence renewals that the next one checks; past it the
 #: lineage is bumped instead (NOTE_RECENT).
 RECENT_BOUND = 50_000
+#: Pending invalidations a renewal reads and replays at once.
+PENDING_BATCH = 1000
 #: Keys per round trip when a renewal checks entries against the database.
 CHECK_CHUNK = 500
+
+#: On Redis Cluster the sessions are spread over this many groups. A group's names -- its sessions'
+#: entries and fill leases, and its own fence, epoch, lineage, incarnation, recent and checking
+#: names -- share one hash tag, so one slot: every script and the warm ``MGET`` stay on one node,
+#: and every protection above holds per group (a failover or a slot migration costs that group's
+#: entries, never anything stale). On one Redis (or Sentinel's) there is one group, and the names
+#: are those of earlier releases.
+CLUSTER_GROUPS = 16
+
+
+class Group:
+    """The Redis names of one group of sessions: everything a script about one session touches."""
+
+    __slots__ = (
+        "checking",
+        "epoch",
+        "fence",
+        "incarnation",
+        "lineage",
+        "prefix",
+        "recent",
+    )
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.fence = f"{prefix}fence"
+        self.epoch = f"{prefix}epoch"
+        self.lineage = f"{prefix}lineage"
+        self.incarnation = f"{prefix}incarnation"
+        self.recent = f"{prefix}recent"
+        self.checking = f"{prefix}checking"
+
+    def __repr__(self) -> str:
+        return f"Group({self.prefix!r})"
+
+
+def group_index(session_id: str, groups: int = CLUSTER_GROUPS) -> int:
+    """The group of ``session_id`` among ``groups``: the same in every process (BLAKE2b)."""
+    digest = hashlib.blake2b(session_id.encode(), digest_size=8, person=b"agentmemory-grp").digest()
+    return int.from_bytes(digest, "big") % groups
+
 
 #: After a fence renewal that failed (a conflict on the counter's row, a lost connection), the
 #: next one this process tries waits this long (at most the fence period): meanwhile its recalls
@@ -404,16 +448,17 @@ class MemoryCache:
             f"{namespace}:" if namespace else ""
         )
         self._prefix: str | None = None
-        self._fence_key: str | None = None
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._groups_down: dict[str, float] = {}  # on a cluster: a group's prefix -> until
         self._renew_after = 0.0  # a renewal that failed: the next try not before (monotonic)
         self._outage = False
         self._scripts: dict[str, Any] = {}
         #: Planted bugs (:mod:`agentmemory.defects`), for memcheck's self-test only.
         self.defects = defects
         self._client: tuple[Any, int] = (None, -1)
+        self._groups: list[Group] | None = None
 
     # ------------------------------------------------------------------ keys
 
@@ -444,43 +489,70 @@ class MemoryCache:
         return self._names(session_id, key)[1]
 
     def _names(self, session_id: str, key: str) -> tuple[str, str]:
-        """The Redis names of a key's entry and of its fill lease."""
+        """The Redis names of a key's entry and of its fill lease (in its session's group)."""
         digest = self._hash(session_id, key)
-        return f"{self.prefix}m:{digest}", f"{self.prefix}lease:{digest}"
+        prefix = self.group(session_id).prefix
+        return f"{prefix}m:{digest}", f"{prefix}lease:{digest}"
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the alias is a Redis Cluster (:class:`agentmemory.redis_cluster.ClusterClient`)."""
+        return type(self.client).__name__ == "RedisCluster"
+
+    @property
+    def groups(self) -> list[Group]:
+        """Every group's names: one group on one Redis, :data:`CLUSTER_GROUPS` on a cluster,
+        each under a hash tag of its own (``{<tier>-<n>}``: two tiers sharing a cluster spread
+        over different slots)."""
+        groups = self._groups
+        if groups is None or self._client[1] != _caches_generation[0]:
+            prefix = self.prefix
+            if self.clustered:
+                tier = hashlib.blake2b(prefix.encode(), digest_size=4).hexdigest()
+                groups = [Group(f"{prefix}{{{tier}-{n}}}:") for n in range(CLUSTER_GROUPS)]
+            else:
+                groups = [Group(prefix)]
+            self._groups = groups
+        return groups
+
+    def group(self, session_id: str) -> Group:
+        """The group holding ``session_id``'s names."""
+        groups = self.groups
+        return groups[0] if len(groups) == 1 else groups[group_index(session_id, len(groups))]
+
+    # The first group's names: on one Redis, the only group's.
 
     @property
     def fence_key(self) -> str:
-        if self._fence_key is None:
-            self._fence_key = f"{self.prefix}fence"
-        return self._fence_key
+        return self.groups[0].fence
 
     @property
     def epoch_key(self) -> str:
         """The newest database epoch any writer or reader of this tier has seen (no TTL)."""
-        return f"{self.prefix}epoch"
+        return self.groups[0].epoch
 
     @property
     def lineage_key(self) -> str:
         """The lineage, the third part of every stamp (no TTL): bumped, nothing stored before is
         trusted (a database that went back in time, ``forget_everything``)."""
-        return f"{self.prefix}lineage"
+        return self.groups[0].lineage
 
     @property
     def incarnation_key(self) -> str:
         """The highest :class:`~agentmemory.models.CacheIncarnation` counter a renewal published
         (no TTL): a database whose counter is lower went back in time."""
-        return f"{self.prefix}incarnation"
+        return self.groups[0].incarnation
 
     @property
     def recent_key(self) -> str:
         """The keys of the entries stored since the last renewal's capture."""
-        return f"{self.prefix}recent"
+        return self.groups[0].recent
 
     @property
     def checking_key(self) -> str:
         """The captured keys a renewal checks against the database (what a renewal that failed
         or died left is checked by the next)."""
-        return f"{self.prefix}checking"
+        return self.groups[0].checking
 
     def database_epoch(self) -> str:
         """The epoch of the database as this thread's connection to it found it
@@ -547,13 +619,28 @@ class MemoryCache:
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def _failed(self, exc: BaseException) -> None:
-        """Count every error; log once per outage; stop calling Redis for a moment."""
+    def up(self, session_id: str) -> bool:
+        """Whether to call Redis about ``session_id`` now: not within a moment of a failure of
+        Redis -- on a cluster, of the node holding the session's group (a shard down costs its
+        own groups only)."""
+        if time.monotonic() < self._down_until:
+            return False
+        if not self._groups_down:
+            return True
+        return time.monotonic() >= self._groups_down.get(self.group(session_id).prefix, 0.0)
+
+    def _failed(self, exc: BaseException, group: Group | None = None) -> None:
+        """Count every error; log once per outage; stop calling Redis for a moment -- on a
+        cluster, about ``group`` only, when the failure was about one group."""
         self.count("errors")
+        until = time.monotonic() + min(1.0, self.fence_seconds)
         with self._lock:
             first = not self._outage
             self._outage = True
-            self._down_until = time.monotonic() + min(1.0, self.fence_seconds)
+            if group is not None and self.clustered:
+                self._groups_down[group.prefix] = until
+            else:
+                self._down_until = until
         if first:
             logger.warning(
                 "Redis cache %r unreachable, serving from the database: %s", self.alias, exc
@@ -575,7 +662,7 @@ class MemoryCache:
         server identity, the Redis clock and a fill lease for each miss. Empty when Redis is
         unreachable (the caller reads the database)."""
         keys = list(keys)
-        if not self.available:
+        if not self.up(session_id):
             return {}
         protected = self.protected
         try:
@@ -585,7 +672,7 @@ class MemoryCache:
             if replies is None:
                 replies = self._read_by_script(session_id, keys, protected)
         except Exception as exc:  # any Redis failure degrades to the database
-            self._failed(exc)
+            self._failed(exc, self.group(session_id))
             return {}
         return self._judge(session_id, keys, replies)
 
@@ -604,25 +691,42 @@ class MemoryCache:
         after every reconnect) is the ``run_id`` of the process that answers the ``MGET``, as
         the script's own ``INFO`` would be. Behind a proxy that keeps client connections across
         server restarts that would not hold: there ``INFO`` is not answered (twemproxy), no
-        server is known, and every read takes the script."""
-        pool = self.client.connection_pool
+        server is known, and every read takes the script.
+
+        On Redis Cluster the ``MGET`` goes to the primary the client knows for the session's
+        group; one that no longer serves the slot (a failover, a migration) answers with a
+        redirection, and the script's call, which follows it, reads instead."""
+        group = self.group(session_id)
+        client = self.client
+        clustered = self.clustered
         lost = _connection_errors()
+        redirected = _redirected() if clustered else ()
         try:
+            if clustered:
+                pool = client.get_node_from_key(group.fence).redis_connection.connection_pool
+            else:
+                pool = client.connection_pool
             connection = pool.get_connection()
         except lost:  # refused: the script's call retries (and, if it fails too, counts it)
             return None
+        except Exception:  # the cluster's slots not known yet: the script's call learns them
+            if clustered:
+                return None
+            raise
         try:
             server = _server_of(connection, forget_on_reconnect=self._relearns)
             if not server:
                 return None
             connection.send_command(
-                "MGET", self.fence_key, *(self.entry_key(session_id, k) for k in keys)
+                "MGET", group.fence, *(self.entry_key(session_id, k) for k in keys)
             )
             fence, *entries = connection.read_response()
             if _server_of(connection, ask=False) != server:  # reconnected meanwhile
                 return None
         except lost:
             connection.disconnect()
+            return None
+        except redirected:  # MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script's call follows it
             return None
         except BaseException:
             connection.disconnect()  # an answer may be left unread on it
@@ -643,7 +747,7 @@ class MemoryCache:
         """The read script's answer for each key: (entry, fence present, Redis clock ms,
         lease)."""
         flag = "1" if protected else "0"
-        fence = self.fence_key
+        fence = self.group(session_id).fence
         # Bounded: one call fills at most FILLS_PER_CALL keys (a recall_many of thousands of
         # missing keys must not cache thousands of absences).
         may_lease = ["1" if at < FILLS_PER_CALL else "0" for at in range(len(keys))]
@@ -773,7 +877,7 @@ class MemoryCache:
                 self._put(session_id, key, record, version, "", force=True)
         untrusted = next((r for r in reads.values() if not r.trusted), None)
         if untrusted is not None:
-            self.renew_fence(untrusted.redis_ms)
+            self.renew_fence(untrusted.redis_ms, self.group(session_id))
         return found, "database"
 
     def fill(
@@ -792,10 +896,11 @@ class MemoryCache:
         be reached: the caller records the keys as pending in its transaction instead."""
         if not self.protected:
             return True
-        if not versions or not self.available:
+        if not versions or not self.up(session_id):
             return False
         keys = sorted(versions)
         epoch_now = self.database_epoch()
+        group = self.group(session_id)
         try:
             failpoint_tombstones(session_id, versions)
             self._run(
@@ -803,9 +908,9 @@ class MemoryCache:
                 [
                     (
                         [
-                            self.fence_key,
-                            self.epoch_key,
-                            self.lineage_key,
+                            group.fence,
+                            group.epoch,
+                            group.lineage,
                             *(self.entry_key(session_id, key) for key in keys),
                         ],
                         [TOMBSTONE_MS, epoch_now, *(versions[key] for key in keys)],
@@ -813,7 +918,7 @@ class MemoryCache:
                 ],
             )
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, group)
             return False
         return True
 
@@ -837,7 +942,7 @@ class MemoryCache:
             if change is not None and not self._put(session_id, key, *change, "")
         ]
         unknown = sorted(key for key, change in changes.items() if change is None)
-        if unknown and not (self.available and self._drop([(session_id, k) for k in unknown])):
+        if unknown and not (self.up(session_id) and self._drop([(session_id, k) for k in unknown])):
             failed += unknown
         if failed and self.protected:
             self._record_pending(session_id, sorted(failed))
@@ -846,7 +951,7 @@ class MemoryCache:
         keys = sorted(keys)
         if not keys:
             return
-        if not (self.available and self._drop([(session_id, key) for key in keys])):
+        if not (self.up(session_id) and self._drop([(session_id, key) for key in keys])):
             self._record_pending(session_id, keys)
 
     def forget_everything(self) -> int:
@@ -857,11 +962,14 @@ class MemoryCache:
         safe: it can only cause misses. Returns how many names were deleted; raises the client's
         error if Redis cannot be reached."""
         client = self.client
-        self._run(FORGET_SCRIPT, [([self.fence_key, self.lineage_key], [])])
-        deleted = 1
+        groups = self.groups
+        for group in groups:
+            self._run(FORGET_SCRIPT, [([group.fence, group.lineage], [])])
+        deleted = len(groups)
         kept = {
             name.encode()
-            for name in (self.epoch_key, self.lineage_key, self.incarnation_key, self.fence_key)
+            for group in groups
+            for name in (group.epoch, group.lineage, group.incarnation, group.fence)
         }
         batch: list[Any] = []
         for name in client.scan_iter(match=f"{self.prefix}*", count=1000):
@@ -877,13 +985,16 @@ class MemoryCache:
             deleted += client.delete(*batch)
         return deleted
 
-    def _drop(self, keys: list[tuple[str, str]]) -> bool:
+    def _drop(self, keys: list[tuple[str, str]], group: Group | None = None) -> bool:
         """Delete the entries and fill leases of these (session_id, key) pairs: always safe, it
-        can only cause misses. False if Redis could not be reached."""
+        can only cause misses. False if Redis could not be reached. ``group``: all of them are
+        of that group (a failure stops calls about that group only, on a cluster)."""
+        if group is None and len({session_id for session_id, _ in keys}) == 1:
+            group = self.group(keys[0][0])
         try:
             self.client.delete(*[name for pair in keys for name in self._names(*pair)])
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, group)
             return False
         self._answered()
         return True
@@ -900,7 +1011,7 @@ class MemoryCache:
     ) -> bool:
         """True if Redis answered (stored or rightly rejected); False if it could not be reached.
         ``force``: the FILL_WITHOUT_LEASE defect's plain SET, no lease and no version check."""
-        if not self.available:
+        if not self.up(session_id):
             return False
         ttl_ms = self.max_entry_ms
         if Defect.EXPIRED_FROM_CACHE in self.defects:
@@ -910,13 +1021,14 @@ class MemoryCache:
             if ttl_ms <= 0:
                 record, ttl_ms = None, self.max_entry_ms  # already expired: cache it as absent
         epoch_now = self.database_epoch()
+        group = self.group(session_id)
         try:
             keys = [
                 *self._names(session_id, key),
-                self.fence_key,
-                self.epoch_key,
-                self.lineage_key,
-                self.recent_key,
+                group.fence,
+                group.epoch,
+                group.lineage,
+                group.recent,
             ]
             member = json.dumps([session_id, key]) if self.protected else ""
             args = [
@@ -930,7 +1042,7 @@ class MemoryCache:
             ]
             stored = self._run(self._put_source(force, lease), [(keys, args)])[0]
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, group)
             return False
         self.count(("fills" if lease else "updates") if stored else "stale_rejected")
         return True
@@ -975,31 +1087,49 @@ class MemoryCache:
             self.count("fence_waits")
             time.sleep(wait)
 
-    def renew_fence(self, redis_ms: int) -> None:
+    def renew_fence(self, redis_ms: int, group: Group | None = None) -> None:
         """Called by a reader that found no fence: replay what is pending, then renew the fence
         with an expiry counted from ``redis_ms``, the Redis clock read before the pending check.
+        ``group``: the reader's (on Redis Cluster each group has its fence; what is pending is
+        replayed whatever its group, since a writer's wait counts on no fence being renewed
+        before it is). Default: the first group.
 
         Replaying a key deletes its entry and lease (never sets a value): whatever Redis holds
         for it may be older than the database, and deleting can only cause a miss."""
-        if not self.available or time.monotonic() < self._renew_after:
+        group = group or self.groups[0]
+        if time.monotonic() < max(self._down_until, self._renew_after):
+            return
+        if self._groups_down and time.monotonic() < self._groups_down.get(group.prefix, 0.0):
             return
         pending = list(
             PendingInvalidation.objects.using(self.using)
             .order_by("id")
-            .values_list("id", "session_id", "key")[:1000]
+            .values_list("id", "session_id", "key")[:PENDING_BATCH]
         )
         if pending and Defect.RENEWAL_IGNORES_PENDING not in self.defects:
-            if self._drop([(session_id, key) for _, session_id, key in pending]):
-                ids = [pending_id for pending_id, _, _ in pending]
-                PendingInvalidation.objects.using(self.using).filter(id__in=ids).delete()
-                self.count("replayed", len(pending))
-            return  # renew on a later read, after a fresh pending check
+            # Each group's pending keys are replayed on their own (on a cluster, a shard down
+            # keeps its own pending, not the others'). Only this group's keep its fence down: a
+            # writer waits for its own group's fence (the batch is read whole, or every pending
+            # key counts).
+            by_group: dict[str, list[tuple[int, str, str]]] = {}
+            for row in pending:
+                by_group.setdefault(self.group(row[1]).prefix, []).append(row)
+            replayed: list[int] = []
+            for rows in by_group.values():
+                mine = self.group(rows[0][1])
+                if self.up(rows[0][1]) and self._drop([(s, k) for _, s, k in rows], mine):
+                    replayed += [pending_id for pending_id, _, _ in rows]
+            if replayed:
+                PendingInvalidation.objects.using(self.using).filter(id__in=replayed).delete()
+                self.count("replayed", len(replayed))
+            if group.prefix in by_group or len(pending) >= PENDING_BATCH:
+                return  # renew on a later read, after a fresh pending check
         epoch_now = self.database_epoch()
         went_back, counter, checked = False, "", []
         try:
             if self.protected and Defect.RESTORE_UNSEEN not in self.defects:
                 try:
-                    went_back, published, checked = self._check_incarnation(epoch_now)
+                    went_back, published, checked = self._check_incarnation(epoch_now, group)
                 except DatabaseError as exc:
                     # A conflict on the counter's row (another renewal, on another Galera node),
                     # a lost connection: no renewal now; this process tries again after a moment.
@@ -1012,27 +1142,33 @@ class MemoryCache:
                 counter = str(published)
             failpoint_before_renewal()
             if Defect.FENCE_FROM_RENEWAL in self.defects:
-                seconds, micros = self.client.time()
+                seconds, micros = self._time(group)
                 redis_ms = seconds * 1000 + micros // 1000
             expiry = redis_ms + int(self.fence_seconds * 1000)
             self._run(
                 RENEW_SCRIPT,
                 [
                     (
-                        [self.fence_key, self.epoch_key, self.lineage_key, self.incarnation_key],
+                        [group.fence, group.epoch, group.lineage, group.incarnation],
                         [epoch_now, expiry, "1" if went_back else "0", counter],
                     )
                 ],
             )
             for at in range(0, len(checked), CHECK_CHUNK):
-                self.client.srem(self.checking_key, *checked[at : at + CHECK_CHUNK])
+                self.client.srem(group.checking, *checked[at : at + CHECK_CHUNK])
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, group)
             return
         self._answered()
         self.count("fence_renewals")
 
-    def _check_incarnation(self, epoch_now: str) -> tuple[bool, int, list[Any]]:
+    def _time(self, group: Group) -> tuple[int, int]:
+        """The Redis clock of the server holding ``group`` (seconds, microseconds)."""
+        if self.clustered:
+            return self.client.time(target_nodes=self.client.get_node_from_key(group.fence))
+        return self.client.time()
+
+    def _check_incarnation(self, epoch_now: str, group: Group) -> tuple[bool, int, list[Any]]:
         """The check a renewal makes before it renews: did the database go back in time?
 
         Two ways of seeing it, each cheap: the database's :class:`CacheIncarnation` counter is
@@ -1049,7 +1185,7 @@ class MemoryCache:
 
         captured = self._run(
             CAPTURE_SCRIPT,
-            [([self.recent_key, self.checking_key, self.lineage_key, self.incarnation_key], [])],
+            [([group.recent, group.checking, group.lineage, group.incarnation], [])],
         )[0]
         members, lineage, known, run_id = captured
         known = int(known)
@@ -1111,16 +1247,21 @@ class MemoryCache:
                     found[pair] = (version, data)
         return found
 
-    def trusted_stamp(self) -> str:
-        """The stamp of the entries a reader trusts now: this Redis server's ``run_id``, the
-        fence's epoch and lineage (when no fence is up: the database's epoch and the current
-        lineage, what the next renewal sets)."""
+    def trusted_stamp(self, group: Group | None = None) -> str:
+        """The stamp of the entries a reader trusts now in ``group`` (default: the first): the
+        ``run_id`` of the Redis server holding it, the fence's epoch and lineage (when no fence
+        is up: the database's epoch and the current lineage, what the next renewal sets)."""
         client = self.client
-        fenced = client.get(self.fence_key)
+        group = group or self.groups[0]
+        fenced = client.get(group.fence)
         if fenced is None:
-            lineage = _text(client.get(self.lineage_key) or b"0")
+            lineage = _text(client.get(group.lineage) or b"0")
             fenced = f"{self.database_epoch()}#{lineage}"
-        return stamp(client.info("server")["run_id"], _text(fenced))
+        if self.clustered:
+            info = client.info("server", target_nodes=client.get_node_from_key(group.fence))
+        else:
+            info = client.info("server")
+        return stamp(info["run_id"], _text(fenced))
 
     def repair(
         self, *, dry_run: bool = False, progress: Callable[[int, int], None] | None = None
@@ -1137,11 +1278,9 @@ class MemoryCache:
         reader trusts (another Redis process's, epoch's or lineage's) are never served and are
         left to their TTL. Raises the client's errors and ``DatabaseError``."""
         client = self.client
-        trusted = self.trusted_stamp()
         compared, fixed = 0, []
-        names: list[Any] = []
 
-        def check(names: list[Any]) -> None:
+        def check(names: list[Any], trusted: str) -> None:
             nonlocal compared
             entries, raws = {}, {}
             for raw in client.mget(names):
@@ -1162,13 +1301,16 @@ class MemoryCache:
             if progress is not None:
                 progress(compared, 0)
 
-        for name in client.scan_iter(match=f"{self.prefix}m:*", count=1000):
-            names.append(name)
-            if len(names) >= CHECK_CHUNK:
-                check(names)
-                names = []
-        if names:
-            check(names)
+        for group in self.groups:  # a group's entries are in one slot: one MGET per chunk
+            trusted = self.trusted_stamp(group)
+            names: list[Any] = []
+            for name in client.scan_iter(match=f"{group.prefix}m:*", count=1000):
+                names.append(name)
+                if len(names) >= CHECK_CHUNK:
+                    check(names, trusted)
+                    names = []
+            if names:
+                check(names, trusted)
         return compared, fixed
 
     # ------------------------------------------------------------------ encoding
@@ -1376,6 +1518,15 @@ def _server_of(
 
 
 @functools.cache
+def _redirected() -> tuple[type[Exception], ...]:
+    """A cluster node's answer that the slot is served elsewhere or not now (``MOVED``,
+    ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``): redis-py parses them as these errors."""
+    from redis.exceptions import ResponseError
+
+    return (ResponseError,)
+
+
+@functools.cache
 def _connection_errors() -> tuple[type[Exception], ...]:
     """redis-py's lost connection (refused, reset: worth one more try on a new one)."""
     from redis.exceptions import ConnectionError as Lost  # redis-py is an optional dependency
@@ -1456,7 +1607,17 @@ def probe_cache(alias: str, timeout: float = 2.0) -> CacheProblem | None:
 
     def ping() -> None:
         try:
-            get_redis_connection(alias).ping()
+            client = get_redis_connection(alias)
+            client.ping()
+            if type(client).__name__ != "RedisCluster" and client.info("cluster").get(
+                "cluster_enabled"
+            ):
+                raise ImproperlyConfigured(
+                    "it is a node of a Redis Cluster: every key of another node's slots would "
+                    "be refused (MOVED); set OPTIONS['CLIENT_CLASS'] to "
+                    "'agentmemory.redis_cluster.ClusterClient' and LOCATION to "
+                    "'redis-cluster://HOST:PORT'"
+                )
             outcome["ok"] = True
         except Exception as exc:  # every failure is reported, none raised
             outcome["error"] = exc
@@ -1473,7 +1634,10 @@ def probe_cache(alias: str, timeout: float = 2.0) -> CacheProblem | None:
         return CacheProblem("unreachable", location, f"no answer within {timeout:g} s")
     kind = (
         "misconfigured"
-        if isinstance(error, ResponseError | AuthenticationError | AuthorizationError)
+        if isinstance(
+            error,
+            ResponseError | AuthenticationError | AuthorizationError | ImproperlyConfigured,
+        )
         else "unreachable"
     )
     return CacheProblem(kind, location, f"{type(error).__name__}: {error}")

@@ -162,7 +162,10 @@ def redis_cache(url: str, sentinels: str | None = None) -> dict:
     # Short timeouts: a hung Redis costs a recall at most this, then the store reads the
     # database and stops calling Redis for a moment.
     options: dict = {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}
-    if sentinels:
+    if url.startswith(("redis-cluster://", "rediss-cluster://")):
+        # Any node of a Redis Cluster (agentmemory.redis_cluster: redis-py's cluster client).
+        options["CLIENT_CLASS"] = "agentmemory.redis_cluster.ClusterClient"
+    elif sentinels:
         options.update(
             CLIENT_CLASS="django_redis.client.SentinelClient",
             CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
@@ -180,7 +183,8 @@ def redis_cache(url: str, sentinels: str | None = None) -> dict:
 
 
 # REDIS_URL=redis://127.0.0.1:6379/0, or with REDIS_SENTINELS=127.0.0.1:26379,127.0.0.1:26380
-# REDIS_URL=redis://mymaster/0 (the service name the Sentinels monitor).
+# REDIS_URL=redis://mymaster/0 (the service name the Sentinels monitor), or
+# REDIS_URL=redis-cluster://127.0.0.1:7000 (any node of a Redis Cluster).
 REDIS_URL = os.environ.get("REDIS_URL")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if REDIS_URL:

@@ -444,3 +444,236 @@ class SentinelGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+#: A cluster node is judged failed after this long unreachable; its replica is then promoted
+#: (about twice this, with the election).
+CLUSTER_NODE_TIMEOUT_MS = 1000
+SLOTS = 16384
+
+
+class ClusterGroup:
+    """A Redis Cluster of our own: ``primaries`` primaries, each with one replica, on free
+    loopback ports (each node's cluster bus on a free port of its own, ``cluster-port``). A
+    slot whose primary and replica are both down does not stop the others
+    (``cluster-require-full-coverage no``): a shard down costs its own slots only.
+
+        with ClusterGroup(tmp_path / "c") as cluster:
+            cluster.url                          # redis-cluster://127.0.0.1:<port>,...
+            cluster.fail_over(cluster.slot_of("key"))   # kill -9 its primary, replica promoted
+            cluster.migrate_slot(slot, to=port)  # resharding, as redis-cli --cluster does it
+    """
+
+    def __init__(self, directory: Path, *, primaries: int = 3) -> None:
+        self.directory = Path(directory)
+        self.nodes = [
+            RedisServer(self.directory / f"node{index}", extra=()) for index in range(primaries * 2)
+        ]
+
+    @property
+    def url(self) -> str:
+        """Every node's address (the cluster client learns the roles and slots from any one
+        that answers: ``CLUSTER SLOTS``)."""
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def start(self) -> ClusterGroup:
+        for node in self.nodes:
+            bus = free_port()
+            node.extra = (
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(node.directory / "nodes.conf"),
+                "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+                "--cluster-port", str(bus),
+                "--cluster-require-full-coverage", "no",
+                # A replica promotes itself however long it was cut off (its data is still
+                # what the tier must survive: entries stamped by another process).
+                "--cluster-replica-validity-factor", "0",
+            )  # fmt: skip
+            node.start()
+        created = subprocess.run(
+            [
+                REDIS_CLI,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                "--cluster-replicas",
+                "1",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if created.returncode != 0:
+            raise RuntimeError(
+                f"redis-cli --cluster create failed:\n{created.stdout}{created.stderr}"
+            )
+        self.wait_until(self.healthy)
+        return self
+
+    def _info(self, node: RedisServer) -> dict[str, str]:
+        text = node.client().execute_command("CLUSTER", "INFO")
+        text = text.decode() if isinstance(text, bytes) else text
+        return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+    def alive(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+
+    def roles(self) -> dict[int, tuple[str, int | None]]:
+        """Each running node's port: (its role, the port of its primary when a replica)."""
+        found: dict[int, tuple[str, int | None]] = {}
+        for node in self.alive():
+            role = node.client().execute_command("ROLE")
+            if role[0] == b"master":
+                found[node.port] = ("primary", None)
+            else:
+                found[node.port] = ("replica", int(role[2]))
+        return found
+
+    def healthy(self) -> bool:
+        """Every running node sees the cluster ok, every slot served, and every replica of a
+        running primary in sync (so that a failover has a replica to promote)."""
+        for node in self.alive():
+            info = self._info(node)
+            if info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != str(SLOTS):
+                return False
+            replication = node.client().info("replication")
+            if replication["role"] == "slave" and replication.get("master_link_status") != "up":
+                return False
+        return True
+
+    def slot_of(self, key: str) -> int:
+        return int(self.nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key))
+
+    def owner(self, slot: int) -> RedisServer:
+        """The running primary serving ``slot``, as the running nodes see it."""
+        for node in self.alive():
+            for start, end, (_host, port, *_rest), *_replicas in node.client().execute_command(
+                "CLUSTER", "SLOTS"
+            ):
+                if start <= slot <= end:
+                    return self._node(int(port))
+        raise LookupError(f"no running node knows slot {slot}")
+
+    def _node(self, port: int) -> RedisServer:
+        return next(node for node in self.nodes if node.port == port)
+
+    def _id(self, node: RedisServer) -> str:
+        return node.client().execute_command("CLUSTER", "MYID").decode()
+
+    def fail_over(
+        self, slot: int, meanwhile: Callable[[], Any] | None = None
+    ) -> tuple[RedisServer, RedisServer]:
+        """``kill -9`` the primary of ``slot`` now, then wait until the cluster has promoted its
+        replica and every running node sees the cluster ok. Returns (killed, promoted).
+        ``meanwhile``: called with the replica paused (``SIGSTOP``) and its link closed just
+        before the kill -- what it writes the primary acknowledges and the promoted replica never
+        receives."""
+        primary = self.owner(slot)
+        replicas = [
+            p for p, (role, of) in self.roles().items() if role == "replica" and of == primary.port
+        ]
+        if not replicas:
+            raise RuntimeError(f"the primary of slot {slot} (:{primary.port}) has no replica")
+        promoted = self._node(replicas[0])
+        if meanwhile is not None:
+            # Paused, the replica would still read what reached its socket once resumed: its
+            # link is closed from the primary's side too, so nothing written after reaches it.
+            promoted.pause()
+            primary.client().execute_command("CLIENT", "KILL", "TYPE", "replica")
+            try:
+                meanwhile()
+            finally:
+                primary.kill()
+                promoted.resume()
+        primary.kill()
+        self.wait_until(
+            lambda: (
+                promoted.client().execute_command("ROLE")[0] == b"master"
+                and all(self._info(n).get("cluster_state") == "ok" for n in self.alive())
+            )
+        )
+        return primary, promoted
+
+    def rejoin(self, node: RedisServer) -> None:
+        """Start a killed node again (its ``nodes.conf`` kept): it rejoins as a replica of the
+        primary that replaced it; waits until it is in sync."""
+        node.start()
+        self.wait_until(self.healthy)
+
+    def down(self, slot: int) -> list[RedisServer]:
+        """``kill -9`` the primary of ``slot`` and its replicas: a whole shard down. Waits until
+        the other primaries have seen it fail (their own slots keep answering)."""
+        primary = self.owner(slot)
+        gone = [primary] + [
+            self._node(p)
+            for p, (role, of) in self.roles().items()
+            if role == "replica" and of == primary.port
+        ]
+        for node in gone:
+            node.kill()
+        self.wait_until(
+            lambda: all(
+                b"fail" in line
+                for node in self.alive()
+                for line in node.client().execute_command("CLUSTER", "NODES").splitlines()
+                if f":{primary.port}@".encode() in line
+            )
+        )
+        return gone
+
+    def migrate_slot(
+        self, slot: int, to: RedisServer, between: Callable[[], Any] | None = None
+    ) -> None:
+        """Move ``slot`` to primary ``to`` while clients use it, the way ``redis-cli --cluster
+        reshard`` does: IMPORTING on the target, MIGRATING on the source, its keys moved by
+        ``MIGRATE`` in batches (``between()`` called after each batch: traffic mid-move), then
+        the slot given to the target on every primary."""
+        source = self.owner(slot)
+        if source.port == to.port:
+            return
+        source_id, target_id = self._id(source), self._id(to)
+        to.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while True:
+            keys = source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)
+            if not keys:
+                break
+            source.client().execute_command(
+                "MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", *keys
+            )
+            if between is not None:
+                between()
+        for node in self.alive():
+            if node.client().execute_command("ROLE")[0] == b"master":
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        self.wait_until(lambda: self.owner(slot).port == to.port and self.healthy())
+
+    def primaries(self) -> list[RedisServer]:
+        return [self._node(p) for p, (role, _) in self.roles().items() if role == "primary"]
+
+    def wait_until(self, condition: Any, timeout: float = WAIT_SECONDS) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    return
+            except Exception as error:  # a node not answering yet
+                last = error
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"Redis cluster under {self.directory}: condition not met in {timeout} s "
+            f"(last error: {last!r})"
+        )
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> ClusterGroup:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
