@@ -8,7 +8,9 @@ seam that shows the failover does serve the older version without the protection
 
 from __future__ import annotations
 
+import json
 import time
+from collections import Counter
 
 import pytest
 from django.core.cache import caches
@@ -18,12 +20,13 @@ from django.db import connection
 from agentmemory import MemoryStore
 from agentmemory.cache import CLUSTER_GROUPS, entry_version
 from agentmemory.checks import check_cache_server
+from agentmemory.consistency.faults import CACHE_FAULTS, CLUSTER_FAULTS
 from agentmemory.consistency.redis_servers import ClusterGroup
 from agentmemory.models import Memory
 from agentmemory.redis_cluster import cluster_url, startup_nodes
 from project.settings import redis_cache
 
-from .helpers import hit
+from .helpers import hit, run_memcheck
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -236,6 +239,40 @@ def test_the_cache_check_names_a_cluster_node_behind_a_plain_client(cluster, set
     assert error.id == "agentmemory.E024" and "database 0 only" in error.msg
     cache_on(settings, cluster.url, alias="right")
     assert check_cache_server() == []
+
+
+def memcheck_json(*args):
+    code, out = run_memcheck(*args, "--format", "json")
+    return code, json.loads(out)
+
+
+def test_memcheck_drives_every_cache_fault_against_a_cluster_of_its_own(cluster, settings):
+    """With the project's cache on a cluster, ``--faults cache`` starts a cluster of memcheck's
+    own and injects the Redis faults there -- a connection kill, a pause, a restart from an
+    older snapshot, a failover, and the cluster's own: a slot migrated under traffic, a whole
+    shard down -- with the tier's quiet faults; nothing is stale, lost or expired."""
+    cache_on(settings, cluster.url)
+    code, report = memcheck_json("--faults", "cache", "--seconds", "8", "--workers", "6")
+    faults = report["faults"]
+    assert faults["errors"] == [], faults["errors"]
+    assert code == 0, ([(a["check"], a["message"]) for a in report["anomalies"][:5]], faults)
+    expected = {*CACHE_FAULTS, *CLUSTER_FAULTS}
+    assert expected <= set(faults["injected"]), faults
+    assert faults["redis"].startswith("memcheck's own Redis Cluster"), faults["redis"]
+
+
+def test_the_cluster_faults_catch_a_tier_without_its_protection(cluster, settings):
+    """The same faults bite: without the server identity check, the tombstones and the pending
+    records (the seam: CACHE_PROTECTION=False), readers are served stale versions."""
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "CACHE_PROTECTION": False}
+    cache_on(settings, cluster.url)
+    found: Counter[str] = Counter()
+    for seed in range(3):
+        code, report = memcheck_json("--faults", "cache", "--seconds", "6", "--seed", str(seed))
+        found.update(a["check"] for a in report["anomalies"])
+        if found["stale-read"]:
+            break
+    assert code == 1 and found["stale-read"] >= 1, found
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,7 @@ from .. import clock, defects
 from ..defects import Defect
 from ..models import Log, Memory
 from ..records import VALUE_OPS
+from ..redis_cluster import is_cluster_alias
 from ..vendors import (
     Transient,
     classify,
@@ -108,9 +109,13 @@ from .nodes import (
     wait_cluster_synced,
 )
 from .pg_failover import Failover, check_local_cluster, fail_over, is_ha_alias
+from .redis_servers import ClusterGroup
 
 DB_FAULTS = ("db-kill", "db-lock")
 CACHE_FAULTS = ("cache-kill", "cache-pause", "cache-restart", "cache-failover")
+#: On a Redis Cluster, besides: a group's slot moved to another primary under traffic, and a
+#: whole shard (a primary and its replica) down a moment.
+CLUSTER_FAULTS = ("cache-migrate", "cache-shard-down")
 NODE_FAULTS = ("node-kill", "node-pause")
 FAULTS = {
     "none": (),
@@ -209,6 +214,8 @@ def fault_kinds(mode: str, database: str, cache: Any, nodes: Iterable[str] = ())
         raise FaultsUnavailable(
             f"--faults {mode} breaks the Redis cache tier, and AGENTMEMORY['CACHE'] is not set"
         )
+    if any(k.startswith("cache-") for k in kinds) and is_cluster_alias(cache.alias):
+        kinds = (*kinds, *CLUSTER_FAULTS)
     if cache is not None and mode != "none":
         kinds = (
             *kinds,
@@ -299,7 +306,13 @@ class Nemesis:
         connection_created.disconnect(dispatch_uid=f"nemesis-{id(self)}")
         if "cache-pause" in self.kinds:
             try:
-                self._redis_primary().execute_command("CLIENT", "UNPAUSE")
+                if isinstance(self.redis, ClusterGroup):
+                    for node in self.redis.primaries():
+                        admin = node.client()
+                        admin.execute_command("CLIENT", "UNPAUSE")
+                        admin.close()
+                else:
+                    self._redis_primary().execute_command("CLIENT", "UNPAUSE")
             except Exception as exc:  # reported; the run goes on
                 self.errors.append(f"cache-pause: could not unpause: {exc}")
         if self._admin is not None:
@@ -423,6 +436,20 @@ class Nemesis:
         return True
 
     def _cache_kill(self) -> bool:
+        if isinstance(self.redis, ClusterGroup):
+            # Every client connection of every primary but the nemesis's own (only memcheck's
+            # clients use memcheck's cluster).
+            killed = 0
+            for node in self.redis.primaries():
+                admin = node.client()
+                try:
+                    killed += int(
+                        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+                        or 0
+                    )
+                finally:
+                    admin.close()
+            return killed > 0
         pool = self.cache.client.connection_pool
         with pool._lock:  # redis-py's pool: the connections it holds, idle and in use
             held = [*pool._available_connections, *pool._in_use_connections]
@@ -511,6 +538,30 @@ class Nemesis:
         self._stop.wait(PAUSE_SECONDS)
         return True
 
+    def _cluster_slot(self, session_id: str | None = None) -> int:
+        """The slot of a group holding ``session_id``, or one of the run's sessions."""
+        session_id = session_id or self._rng.choice(self.sessions)
+        return self.redis.slot_of(self.cache.group(session_id).fence)
+
+    def _cache_migrate(self) -> bool:
+        """A group's slot moved to another primary while the clients use it (ten keys per
+        ``MIGRATE``, a moment between batches): misses and retried calls, never a stale
+        version."""
+        slot = self._cluster_slot()
+        source = self.redis.owner(slot)
+        target = self._rng.choice([n for n in self.redis.primaries() if n.port != source.port])
+        self.redis.migrate_slot(slot, target, between=lambda: self._stop.wait(0.02))
+        return True
+
+    def _cache_shard_down(self) -> bool:
+        """A primary and its replica killed, started again a moment later (empty, or from an
+        older snapshot): that shard's sessions go to the database meanwhile, the others' stay
+        served."""
+        gone = self.redis.down(self._cluster_slot())
+        self._stop.wait(PAUSE_SECONDS)
+        self.redis.restart(gone)
+        return True
+
     def _cache_restart(self) -> bool:
         """Redis restarted from a snapshot older than what it acknowledged since. Besides the
         workload's keys, on a key of the fault's own: a memory served from Redis, the snapshot
@@ -528,12 +579,13 @@ class Nemesis:
             try:
                 self._served_from_cache(store, session_id, key)
             except Unstaged:  # the tier not serving yet (after another fault): the restart alone
-                self.redis.restart_from_older_snapshot()
+                self._restart_from_older_snapshot(session_id)
                 return True
-            self.redis.restart_from_older_snapshot(
+            self._restart_from_older_snapshot(
+                session_id,
                 after_snapshot=lambda: written.append(
                     store.remember(session_id, key, {"restart": 2})
-                )
+                ),
             )
             for _ in range(3):
                 found = store.recall(session_id, key)
@@ -556,7 +608,17 @@ class Nemesis:
             store.erase_session(session_id)
         return True
 
+    def _restart_from_older_snapshot(self, session_id: str, after_snapshot: Any = None) -> None:
+        if isinstance(self.redis, ClusterGroup):  # the primary of the session's group
+            self.redis.restart_from_older_snapshot(self._cluster_slot(session_id), after_snapshot)
+        else:
+            self.redis.restart_from_older_snapshot(after_snapshot)
+
     def _cache_failover(self) -> bool:
+        if isinstance(self.redis, ClusterGroup):
+            killed, _ = self.redis.fail_over(self._cluster_slot())
+            self.redis.rejoin(killed)
+            return True
         self.redis.fail_over()
         self.redis.rejoin()
         return True
@@ -796,7 +858,7 @@ class Nemesis:
         try:
             writer.remember(session_id, key, {"fence": 1})
             self._served_from_cache(reader, session_id, key)
-            self.cache.client.delete(self.cache.fence_key)  # the fence expires
+            self.cache.client.delete(self.cache.group(session_id).fence)  # the fence expires
             name = "memcheck-fence-reader"
             hold = defects.hold_next_renewal(
                 lambda _s, _k: threading.current_thread().name == name, HOLD_SECONDS
@@ -922,8 +984,12 @@ class Nemesis:
 
     def _redis_primary(self) -> Any:
         """A connection of the nemesis's own (outside the store's pool, which it breaks) to the
-        current primary of memcheck's Redis; closed by :meth:`stop`."""
-        primary, _ = self.redis.current()
+        current primary of memcheck's Redis (on a cluster: of a group of the run's sessions);
+        closed by :meth:`stop`."""
+        if isinstance(self.redis, ClusterGroup):
+            primary = self.redis.owner(self._cluster_slot())
+        else:
+            primary, _ = self.redis.current()
         if self._admin is None or self._admin_port != primary.port:
             if self._admin is not None:
                 self._admin.close()

@@ -650,6 +650,44 @@ class ClusterGroup:
                 node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
         self.wait_until(lambda: self.owner(slot).port == to.port and self.healthy())
 
+    def restart_from_older_snapshot(
+        self, slot: int, after_snapshot: Callable[[], Any] | None = None
+    ) -> None:
+        """:meth:`SentinelGroup.restart_from_older_snapshot` on the primary of ``slot``: a
+        snapshot, more writes, ``kill -9``, started again at once from the snapshot (a new
+        process with older entries). Then wait until the cluster is ok and its replica in sync
+        (had the restart outlasted the node timeout, the replica took over: as good a fault)."""
+        primary = self.owner(slot)
+        primary.save()
+        if after_snapshot is not None:
+            after_snapshot()
+        deadline = time.monotonic() + AFTER_SNAPSHOT_SECONDS
+        while time.monotonic() < deadline:
+            changes = primary.client().info("persistence")["rdb_changes_since_last_save"]
+            if changes >= WRITES_AFTER_SNAPSHOT:
+                break
+            time.sleep(0.01)
+        primary.kill()
+        primary.start()
+        self.wait_until(self.healthy)
+
+    def restart(self, nodes: list[RedisServer]) -> None:
+        """Start ``nodes`` again (a shard :meth:`down`), and wait until the cluster is ok."""
+        for node in nodes:
+            node.start()
+        self.wait_until(self.healthy)
+
+    def describe(self) -> str:
+        roles = self.roles()
+        primaries = sorted(p for p, (role, _) in roles.items() if role == "primary")
+        replicas = sorted(p for p, (role, _) in roles.items() if role == "replica")
+        return (
+            "memcheck's own Redis Cluster: primaries "
+            + ", ".join(f"127.0.0.1:{p}" for p in primaries)
+            + "; replicas "
+            + ", ".join(f"127.0.0.1:{p}" for p in replicas)
+        )
+
     def primaries(self) -> list[RedisServer]:
         return [self._node(p) for p, (role, _) in self.roles().items() if role == "primary"]
 

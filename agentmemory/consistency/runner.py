@@ -26,6 +26,7 @@ from ..conf import get_config
 from ..defects import NONE as NO_DEFECTS
 from ..defects import Defect, Defects
 from ..models import Memory
+from ..redis_cluster import is_cluster_alias
 from ..store import MemoryStore
 from . import semantic, traces
 from .adk import delete_apps, load_apps
@@ -45,7 +46,7 @@ from .logs import load_logs
 from .nodes import client_timeouts
 from .pg_failover import Failover, TimelineWatch
 from .recorded import Final
-from .redis_servers import SentinelGroup
+from .redis_servers import ClusterGroup, SentinelGroup
 from .state import cached_entries, duplicate_keys, load_state
 from .workloads import (
     WorkloadConfig,
@@ -184,15 +185,35 @@ SERVER_OPTIONS = ("CLIENT_CLASS", "CONNECTION_FACTORY", "SENTINELS", "SENTINEL_K
 
 
 @contextmanager
-def own_redis(kinds: tuple[str, ...]) -> Iterator[SentinelGroup | None]:
+def own_redis(kinds: tuple[str, ...]) -> Iterator[SentinelGroup | ClusterGroup | None]:
     """With cache faults: a Redis of memcheck's own for the run (a primary, a replica, three
-    sentinels on free loopback ports, in a temporary folder), and the cache tier pointed at it
+    sentinels on free loopback ports, in a temporary folder; a Redis Cluster of three primaries
+    and three replicas when the project's cache is a cluster), and the cache tier pointed at it
     with the project's cache options -- so that no fault ever touches the project's Redis."""
     if not any(kind.startswith("cache-") for kind in kinds):
         yield None
         return
-    user = settings.CACHES[get_config()["CACHE"]]
+    alias = get_config()["CACHE"]
+    user = settings.CACHES[alias]
     options = {k: v for k, v in (user.get("OPTIONS") or {}).items() if k not in SERVER_OPTIONS}
+    if is_cluster_alias(alias):
+        with (
+            tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder,
+            ClusterGroup(Path(folder)) as cluster,
+        ):
+            options.update(CLIENT_CLASS="agentmemory.redis_cluster.ClusterClient")
+            cache = {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": cluster.url,
+                "OPTIONS": options,
+                "KEY_PREFIX": "memcheck",
+            }
+            with override_settings(
+                CACHES={**settings.CACHES, OWN_REDIS_ALIAS: cache},
+                AGENTMEMORY={**getattr(settings, "AGENTMEMORY", {}), "CACHE": OWN_REDIS_ALIAS},
+            ):
+                yield cluster
+        return
     with (
         tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder,
         SentinelGroup(Path(folder), down_after_ms=3000) as group,

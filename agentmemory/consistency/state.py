@@ -100,14 +100,17 @@ def cached_entries(
     server process or database epoch, none of which is served); {} without a cache tier."""
     if cache is None:
         return {}
-    keys = sorted(keys)
     client = cache.client
-    raw = client.mget([cache.entry_key(s, k) for s, k in keys]) if keys else []
-    trusted = served_stamp(cache)
+    by_group: dict[str, list[tuple[str, str]]] = {}
+    for pair in sorted(keys):
+        by_group.setdefault(cache.group(pair[0]).prefix, []).append(pair)
     found: dict[tuple[str, str], CachedEntry | None] = {}
-    for pair, entry in zip(keys, raw, strict=True):
-        found[pair] = None if entry is None else _served(entry, trusted)
-    return found
+    for pairs in by_group.values():  # one group: one slot, one server (on a cluster too)
+        trusted = served_stamp(cache, cache.group(pairs[0][0]))
+        raw = client.mget([cache.entry_key(s, k) for s, k in pairs])
+        for pair, entry in zip(pairs, raw, strict=True):
+            found[pair] = None if entry is None else _served(entry, trusted)
+    return dict(sorted(found.items()))
 
 
 def cached_versions(
@@ -120,9 +123,10 @@ def cached_versions(
     }
 
 
-def served_stamp(cache: Any) -> str:
-    """The stamp of the entries a reader trusts now (:meth:`MemoryCache.trusted_stamp`)."""
-    return cache.trusted_stamp()
+def served_stamp(cache: Any, group: Any = None) -> str:
+    """The stamp of the entries a reader trusts now in ``group`` (default: the first; on one
+    Redis the only one) (:meth:`MemoryCache.trusted_stamp`)."""
+    return cache.trusted_stamp(group)
 
 
 def served_entries(
@@ -131,8 +135,16 @@ def served_entries(
     """Every served entry of the tier that holds a value (not an absence), with its (session,
     key) -- of one session, or all: by ``SCAN`` over the tier's names, read-only."""
     client = cache.client
-    trusted = served_stamp(cache)
-    names = client.scan_iter(match=f"{_glob_escape(cache.prefix)}m:*", count=batch)
+    groups = [cache.group(session_id)] if session_id is not None else cache.groups
+    for group in groups:  # a group's names are in one slot: one MGET per batch
+        trusted = served_stamp(cache, group)
+        names = client.scan_iter(match=f"{_glob_escape(group.prefix)}m:*", count=batch)
+        yield from _served_batches(client, names, trusted, session_id, batch)
+
+
+def _served_batches(
+    client: Any, names: Iterator[Any], trusted: str, session_id: str | None, batch: int
+) -> Iterator[tuple[tuple[str, str], CachedEntry]]:
     while chunk := list(itertools.islice(names, batch)):
         for raw in client.mget(chunk):
             if raw is None:
