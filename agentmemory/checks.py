@@ -180,7 +180,8 @@ def check_cache_not_sharded(app_configs: Any = None, **kwargs: Any) -> list[Erro
             "an entry, its lease and the fence would live on different servers, and no "
             "script could keep them consistent.",
             hint="Give the cache tier one Redis primary (optionally Sentinel-managed: "
-            "django_redis.client.SentinelClient).",
+            "django_redis.client.SentinelClient), or a Redis Cluster through "
+            "agentmemory.redis_cluster.ClusterClient.",
             id="agentmemory.E015",
         )
     ]
