@@ -28,11 +28,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
+from copy import copy as copy_of
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 
 from . import clock, sql
@@ -249,15 +250,34 @@ class CheckpointPath:
             self.retrier.atomic(attempt)
 
     @instrumented("checkpoint.copy_thread", THREAD)
-    def copy_thread(self, source: str, target: str) -> None:
+    def copy_thread(self, source: str, target: str, *, source_using: str | None = None) -> None:
         """Copy every chain of ``source`` -- checkpoints, blobs, writes -- to ``target``, all or
-        nothing; what ``target`` already has of the same ids is kept."""
+        nothing; what ``target`` already has of the same ids is kept. ``source_using``: the
+        source's database when it is another (a shard's): read there, in one transaction of
+        its own, before the copy's."""
+        origin = source_using or self.using
+        rows_of: dict[Any, dict[Any, list[Any]]] = {}
+        if origin != self.using:
+            with transaction.atomic(using=origin):  # one snapshot of the source's chains
+                for head in CheckpointThread.objects.using(origin).filter(thread_id=source):
+                    rows_of[head.checkpoint_ns] = {
+                        model: list(model.objects.using(origin).filter(thread_id=head.id))
+                        for model in (Checkpoint, CheckpointBlob, CheckpointWrite)
+                    }
 
         def attempt(_retry: bool) -> None:
             now = clock.now()
             db = self.using
-            for head in CheckpointThread.objects.using(db).filter(thread_id=source):
-                copy = self._lock(target, head.checkpoint_ns, now)
+            heads = (
+                [
+                    (head.checkpoint_ns, head.id)
+                    for head in CheckpointThread.objects.using(db).filter(thread_id=source)
+                ]
+                if origin == db
+                else [(ns, None) for ns in rows_of]
+            )
+            for checkpoint_ns, head_id in heads:
+                copy = self._lock(target, checkpoint_ns, now)
                 for model, unique in (
                     (Checkpoint, ("checkpoint_id",)),
                     (CheckpointBlob, ("channel", "version")),
@@ -265,7 +285,12 @@ class CheckpointPath:
                 ):
                     have = set(model.objects.using(db).filter(thread_id=copy).values_list(*unique))
                     rows = []
-                    for row in model.objects.using(db).filter(thread_id=head.id).iterator():
+                    source_rows = (
+                        model.objects.using(db).filter(thread_id=head_id).iterator()
+                        if head_id is not None
+                        else [copy_of(row) for row in rows_of[checkpoint_ns][model]]
+                    )
+                    for row in source_rows:
                         if tuple(getattr(row, name) for name in unique) in have:
                             continue
                         row.pk, row.thread_id = None, copy

@@ -123,8 +123,9 @@ class StoredCheckpoint:
     #: channel -> its value at the checkpoint's version (channels written empty are left out).
     blobs: dict[str, Typed]
     writes: list[StoredWrite] = field(default_factory=list)
-    # The order of a listing: (checkpoint id, chain's head id), newest first.
-    cursor: tuple[str, int] = ("", 0)
+    # The order of a listing: (checkpoint id, chain's head id), newest first; over shards
+    # (agentmemory.sharding.ShardedCheckpoints) the shard's alias too.
+    cursor: tuple[Any, ...] = ("", 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,15 +22,21 @@ they answered -- :meth:`ShardedStore.each_shard` gives each shard's answer by al
 that cannot answer fails the call that needs it, with its alias in the error; the other shards'
 sessions go on being served.
 
-What is not sharded yet: LangGraph's checkpointer and the other adapters take a MemoryStore;
-moving sessions between shards (docs/scaling.md says what adding a shard takes today).
+The adapters take either store. LangGraph's checkpointer places each thread's chains on its
+thread id's shard (:class:`ShardedCheckpoints`: a listing of every thread merges the shards';
+``delete_for_runs`` runs on each; ``copy_thread`` copies across two shards). ADK's session
+service keeps an app's listing and each session in one transaction, so it takes one shard's store.
+What is not sharded yet: moving sessions between shards (docs/scaling.md says what adding a shard
+takes today).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import heapq
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -272,6 +278,12 @@ class ShardedStore:
             for alias in self.shards
         }
         self._local = threading.local()
+        first = self.stores[self.shards[0]]
+        #: The planted bugs and the semantic index, as every shard's store has them.
+        self.defects = first.defects
+        self.index = first.index
+        #: The checkpoint chains, each thread's on its thread id's shard.
+        self.checkpoints = ShardedCheckpoints(self)
 
     def __repr__(self) -> str:
         return f"<ShardedStore shards={list(self.shards)!r}>"
@@ -434,6 +446,133 @@ class ShardedStore:
         """Where this thread's last read was answered from, on the shard it went to."""
         store = getattr(self._local, "store", None)
         return None if store is None else store.last_read_source
+
+
+#: The head id no checkpoint chain has (ids start at 1), and one past every id: a listing's
+#: cursor on the shards before and after the last one it returned (see ShardedCheckpoints.page).
+_BEFORE_EVERY_ID, _AFTER_EVERY_ID = 0, (1 << 63) - 1
+
+
+class ShardedCheckpoints:
+    """:class:`~agentmemory.checkpoints.CheckpointPath` over the shards: every chain of a thread on
+    its thread id's shard (placed as a session id is), so a put, its pending writes, a read and
+    a thread's listing are one shard's, with every guarantee of one database. Across threads:
+    ``delete_threads`` and ``prune`` go to each thread's shard, ``delete_runs`` to every shard, a
+    listing of every thread merges the shards' newest first, and ``copy_thread`` between two
+    shards copies the source's rows into the target's shard (all or nothing there)."""
+
+    def __init__(self, store: ShardedStore) -> None:
+        self.store = store
+
+    def alias(self, thread_id: str) -> str:
+        return _place(thread_id, self.store.shards)
+
+    def of(self, thread_id: str) -> Any:
+        """The chains of ``thread_id``'s shard."""
+        return self._path(self.alias(thread_id))
+
+    def _path(self, alias: str) -> Any:
+        try:
+            return self.store._checked(alias).checkpoints
+        except MemoryUnavailable as error:
+            raise _named(alias, error) from error
+
+    def _on(self, alias: str, call: Callable[[Any], Any]) -> Any:
+        try:
+            return call(self._path(alias))
+        except MemoryUnavailable as error:
+            raise _named(alias, error) from error
+
+    def _by_shard(self, thread_ids: Iterable[str]) -> dict[str, list[str]]:
+        grouped: dict[str, list[str]] = {}
+        for thread_id in thread_ids:
+            grouped.setdefault(self.alias(thread_id), []).append(thread_id)
+        return grouped
+
+    def put(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._on(self.alias(thread_id), lambda p: p.put(thread_id, *args, **kwargs))
+
+    def put_writes(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._on(self.alias(thread_id), lambda p: p.put_writes(thread_id, *args, **kwargs))
+
+    def get(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._on(self.alias(thread_id), lambda p: p.get(thread_id, *args, **kwargs))
+
+    def delta_history(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._on(
+            self.alias(thread_id), lambda p: p.delta_history(thread_id, *args, **kwargs)
+        )
+
+    def delete_threads(self, thread_ids: Iterable[str]) -> None:
+        for alias, ids in sorted(self._by_shard(thread_ids).items()):
+            self._on(alias, lambda p, ids=ids: p.delete_threads(ids))
+
+    def delete_runs(self, run_ids: Iterable[str]) -> None:
+        run_ids = list(run_ids)
+        for alias in self.store.shards:
+            self._on(alias, lambda p: p.delete_runs(run_ids))
+
+    def prune(self, thread_ids: Iterable[str], **kwargs: Any) -> None:
+        """Each shard's threads pruned on that shard (a ``DeltaChannel`` thread refuses its own
+        shard's prune; the shards before it in alias order are pruned)."""
+        for alias, ids in sorted(self._by_shard(thread_ids).items()):
+            self._on(alias, lambda p, ids=ids: p.prune(ids, **kwargs))
+
+    def copy_thread(self, source: str, target: str) -> None:
+        origin, destination = self.alias(source), self.alias(target)
+        if origin == destination:
+            self._on(destination, lambda p: p.copy_thread(source, target))
+            return
+        self._path(origin)  # the source's shard checked too
+        self._on(destination, lambda p: p.copy_thread(source, target, source_using=origin))
+
+    def page(
+        self,
+        thread_id: str | None,
+        checkpoint_ns: str | None,
+        checkpoint_id: str | None,
+        before: str | None,
+        after: tuple[Any, ...] | None,
+        size: int,
+    ) -> list[Any]:
+        """A thread's page from its shard; every thread's, merged from every shard in one order
+        -- newest checkpoint id first, then the shards' aliases, then each shard's own order --
+        whose cursor is (checkpoint id, head id, alias): each shard continues from where that
+        order left it (its own cursor on the last one's shard; before or after every row of the
+        same id on the others)."""
+        if thread_id is not None:
+            return self._on(
+                self.alias(thread_id),
+                lambda p: p.page(thread_id, checkpoint_ns, checkpoint_id, before, after, size),
+            )
+        pages = []
+        for alias in self.store.shards:
+            mine: tuple[str, int] | None = None
+            if after is not None:
+                last_id, last_head, last_alias = after
+                head = (
+                    last_head
+                    if alias == last_alias
+                    else _BEFORE_EVERY_ID
+                    if alias < last_alias
+                    else _AFTER_EVERY_ID
+                )
+                mine = (last_id, head)
+            found = self._on(
+                alias,
+                lambda p, mine=mine: p.page(None, checkpoint_ns, checkpoint_id, before, mine, size),
+            )
+            pages.append([(row.checkpoint_id, alias, row.cursor[1], row) for row in found])
+        merged = heapq.merge(*pages, key=lambda item: (_descending(item[0]), item[1], -item[2]))
+        return [
+            dataclasses.replace(row, cursor=(row.cursor[0], head, alias))
+            for _, alias, head, row in itertools.islice(merged, size)
+        ]
+
+
+def _descending(text: str) -> tuple[int, ...]:
+    """A sort key that orders strings from the greatest down (code points negated)."""
+    return (*(-ord(char) for char in text), 1)
 
 
 def _twin(name: str) -> Callable[..., Any]:

@@ -2,7 +2,8 @@
 against :class:`AgentMemorySaver` on the backend under test: every capability it knows, base and
 optional, must be detected and pass -- through the asynchronous methods (which the suite calls)
 and through the synchronous ones (each called on a thread of its own, as LangGraph's sync graphs
-call them from their workers)."""
+call them from their workers) -- and on a ShardedStore over the suite's two databases (its
+threads spread over both: listings of every thread merged, copies between shards)."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
-from agentmemory import aio
+from agentmemory import ShardedStore, aio
 from agentmemory.integrations.langgraph import AgentMemorySaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +60,19 @@ async def sync_saver():
     yield SyncMethods()
 
 
+SHARDS = ["default", "other"]
+
+
+@checkpointer_test(name="AgentMemorySaver on two shards")
+async def sharded_saver():
+    yield AgentMemorySaver(ShardedStore(SHARDS, cache=None))
+
+
+@checkpointer_test(name="AgentMemorySaver (sync methods) on two shards")
+async def sharded_sync_saver():
+    yield SyncMethods(ShardedStore(SHARDS, cache=None))
+
+
 @pytest.fixture(autouse=True)
 def _close_pool_connections():
     yield
@@ -67,6 +81,16 @@ def _close_pool_connections():
 
 @pytest.mark.parametrize("registered", [async_saver, sync_saver], ids=["async", "sync"])
 def test_langgraphs_conformance_suite_passes_every_capability(registered):
+    passes_in_full(registered)
+
+
+@pytest.mark.django_db(transaction=True, databases=SHARDS)
+@pytest.mark.parametrize("registered", [sharded_saver, sharded_sync_saver], ids=["async", "sync"])
+def test_the_suite_passes_on_a_saver_over_two_shards(registered):
+    passes_in_full(registered)
+
+
+def passes_in_full(registered):
     report = asyncio.run(validate(registered, progress=ProgressCallbacks.quiet()))
     results = report.results
     assert set(results) == {capability.value for capability in ALL_CAPABILITIES}

@@ -76,6 +76,15 @@ class AgentMemorySessionService(BaseSessionService):
         from ..standalone import store_for
 
         self.store = store_for(db_url, store)
+        if getattr(self.store, "shards", None):
+            # A session's head (in the app's listing) and its state and events are written in
+            # one transaction: one database.
+            raise InvalidMemory(
+                "store",
+                "ADK's session service writes an app's listing and each session in one "
+                "transaction, so on one database: give it one shard's store, e.g. "
+                "store.shard(app_name) -- every session of that app on that shard",
+            )
         self._retrier = Retrier(self.store.using)
 
     def __repr__(self) -> str:

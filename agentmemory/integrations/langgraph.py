@@ -17,6 +17,7 @@ returns (:meth:`agentmemory.MemoryStore.search`). Without an index, ``search(que
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -48,7 +49,7 @@ from ..semantic import FILTER_FIELD, Index, matches
 from ..validation import SESSION_ID_MAX
 from ..vendors import prefix_filter
 from .langgraph_saver import AgentMemorySaver
-from .threads import call_sync
+from .threads import aliases_of, call_sync
 
 if TYPE_CHECKING:  # the models need Django's settings: imported once a store is made
     from ..store import MemoryStore
@@ -157,7 +158,7 @@ class AgentMemoryStore(BaseStore):
             if method == "batch"
             else f"`await store.a{method}(...)`"
         )
-        return call_sync(type(self).__name__, self.store.using, use, fn, *args)
+        return call_sync(type(self).__name__, aliases_of(self.store), use, fn, *args)
 
     def _batch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)
@@ -323,10 +324,19 @@ class AgentMemoryStore(BaseStore):
             return []
         if op.query:
             return self._semantic_search(op, under)
-        rows = self._rows_under(under)
         now = clock.now()
         found = []
-        for row in rows.order_by("session_id", "key").iterator(chunk_size=500):
+        # Each database's rows in (namespace, key) order, merged (a ShardedStore's shards).
+        rows = heapq.merge(
+            *(
+                self._rows_under(under, alias)
+                .order_by("session_id", "key")
+                .iterator(chunk_size=500)
+                for alias in aliases_of(self.store)
+            ),
+            key=lambda row: (row.session_id, row.key),
+        )
+        for row in rows:
             if not is_live(row.state, row.expires_at, now):
                 continue
             if op.filter and not matches(row.value, op.filter):
@@ -377,14 +387,14 @@ class AgentMemoryStore(BaseStore):
             )
         return items
 
-    def _rows_under(self, prefix: str) -> Any:
-        """Live rows of every session starting with ``prefix``: a range over the unique index
-        where the database orders session ids by code point (SQLite, MySQL family's binary
-        collation), ``LIKE 'prefix%'`` on PostgreSQL."""
+    def _rows_under(self, prefix: str, using: str) -> Any:
+        """Live rows on database ``using`` of every session starting with ``prefix``: a range over
+        the unique index where the database orders session ids by code point (SQLite, MySQL
+        family's binary collation), ``LIKE 'prefix%'`` on PostgreSQL."""
         from ..models import Memory
 
-        rows = Memory.objects.using(self.store.using).live()
-        return rows.filter(prefix_filter(connections[self.store.using], "session_id", prefix))
+        rows = Memory.objects.using(using).live()
+        return rows.filter(prefix_filter(connections[using], "session_id", prefix))
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         if op.max_depth is not None:
@@ -399,15 +409,20 @@ class AgentMemoryStore(BaseStore):
                     f"a namespace {condition.match_type} is a tuple of str labels, got "
                     f"{type(condition.path).__name__} {condition.path!r:.60}"
                 )
-        sessions = (
-            self._rows_under(PREFIX)
-            .values_list("session_id", flat=True)
-            .distinct()
-            .order_by("session_id")
+        # Each database's sessions in order, merged (a ShardedStore's shards hold apart ones).
+        sessions = heapq.merge(
+            *(
+                self._rows_under(PREFIX, alias)
+                .values_list("session_id", flat=True)
+                .distinct()
+                .order_by("session_id")
+                .iterator(chunk_size=1000)
+                for alias in aliases_of(self.store)
+            )
         )
         namespaces: list[tuple[str, ...]] = []
         seen = set()
-        for session in sessions.iterator(chunk_size=1000):
+        for session in sessions:
             namespace = namespace_of(session)
             if op.max_depth is not None:
                 namespace = namespace[: op.max_depth]

@@ -62,7 +62,7 @@ from ..validation import (
     check_text,
     check_version,
 )
-from .threads import call_sync
+from .threads import aliases_of, call_sync
 
 if TYPE_CHECKING:  # the models need Django's settings: imported once a saver is made
     from ..store import MemoryStore
@@ -244,7 +244,7 @@ class AgentMemorySaver(BaseCheckpointSaver[str]):
         """``fn(*args)`` where a synchronous call of ``method`` runs: in the caller's thread,
         or on the store's pool for a thread of LangGraph's own (:func:`call_sync`)."""
         use = f"`await saver.a{method}(...)`"
-        return call_sync(type(self).__name__, self.store.using, use, fn, *args)
+        return call_sync(type(self).__name__, aliases_of(self.store), use, fn, *args)
 
     def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, checkpoint_ns = _chain(config)

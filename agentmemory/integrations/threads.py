@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from django.db import connections
@@ -24,10 +24,19 @@ from .. import aio
 T = TypeVar("T")
 
 
-def call_sync(owner: str, using: str, use: str, fn: Callable[..., T], *args: Any) -> T:
+def aliases_of(store: Any) -> tuple[str, ...]:
+    """The databases an adapter's store writes to: its alias, or a ShardedStore's shards."""
+    shards = getattr(store, "shards", None)
+    return tuple(shards) if shards else (store.using,)
+
+
+def call_sync(
+    owner: str, using: str | Sequence[str], use: str, fn: Callable[..., T], *args: Any
+) -> T:
     """``fn(*args)``, a synchronous call of ``owner`` (the adapter's class name) on database
-    ``using``: in the calling thread if that is the main thread, one of the pool's, or one inside
-    a transaction of its own on ``using`` (the call joins it); otherwise on the pool, waited for.
+    ``using`` (or any of several: a ShardedStore's): in the calling thread if that is the main
+    thread, one of the pool's, or one inside a transaction of its own on ``using`` (the call joins
+    it); otherwise on the pool, waited for.
 
     A synchronous call on a running event loop would block it on the database: refused as
     LangGraph's own async stores and savers refuse it (``asyncio.InvalidStateError``), naming
@@ -44,7 +53,10 @@ def call_sync(owner: str, using: str, use: str, fn: Callable[..., T], *args: Any
     if (
         threading.current_thread() is threading.main_thread()
         or aio.on_pool()
-        or connections[using].in_atomic_block
+        or any(
+            connections[alias].in_atomic_block
+            for alias in ((using,) if isinstance(using, str) else using)
+        )
     ):
         return fn(*args)
     return aio.call(fn, *args)
