@@ -32,7 +32,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from . import clock
-from .admin_base import GuardedAdmin, ReadOnlyAdmin, admin_store, page_number
+from .admin_base import (
+    GuardedAdmin,
+    ReadOnlyAdmin,
+    admin_database,
+    admin_store,
+    page_number,
+    shard_query,
+)
 from .errors import InvalidMemory, VersionConflict
 from .models import (
     Log,
@@ -235,7 +242,7 @@ class MemoryForm(forms.ModelForm):
             self.unchanged = True  # the same value again: no new version, nothing logged
             return data
         try:
-            self.written = admin_store().remember(
+            self.written = admin_store(database=memory._state.db).remember(
                 memory.session_id,
                 memory.key,
                 data["value"],
@@ -299,7 +306,7 @@ class MemoryAdmin(GuardedAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # The database the store writes to (AGENTMEMORY["DATABASE"]), not the default one.
         # The vectors are never shown: never read.
-        queryset = super().get_queryset(request).using(admin_store().using).defer("embedding")
+        queryset = super().get_queryset(request).using(admin_database(request)).defer("embedding")
         if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
             queryset = queryset.defer("value").annotate(
                 value_preview=Left(Cast("value", TextField()), PREVIEW_CHARS + 1)
@@ -395,7 +402,7 @@ class MemoryAdmin(GuardedAdmin):
                     "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
                 },
             )
-        store, changed, moved = admin_store(), 0, []
+        store, changed, moved = admin_store(request), 0, []
         for memory in memories:
             try:
                 loaded = int(request.POST[f"loaded_version_{memory.pk}"])
@@ -443,7 +450,7 @@ class MemoryAdmin(GuardedAdmin):
                 f"Nothing was saved: the value is the same as version {obj.version}'s.",
                 messages.INFO,
             )
-            return HttpResponseRedirect(request.path)
+            return HttpResponseRedirect(request.get_full_path())
         return super().response_change(request, obj)
 
     def lookup_allowed(self, lookup: str, value: str, request: Any = None) -> bool:
@@ -477,6 +484,7 @@ class MemoryAdmin(GuardedAdmin):
                 can_act=self.has_change_permission(request, memory),
                 action_urls={
                     name: reverse(f"admin:agentmemory_memory_{name}", args=[memory.pk])
+                    + shard_query(request)
                     for name in ("forget", "expire", "extend", "revert")
                 },
             )
@@ -490,7 +498,7 @@ class MemoryAdmin(GuardedAdmin):
         memory = self.get_object(request, object_id)
         if memory is None or not self.has_view_or_change_permission(request, memory):
             return super().history_view(request, object_id, extra_context)
-        url = reverse("admin:agentmemory_memory_change", args=[memory.pk])
+        url = reverse("admin:agentmemory_memory_change", args=[memory.pk]) + shard_query(request)
         return HttpResponseRedirect(f"{url}#am-history")
 
     def get_urls(self) -> list[Any]:
@@ -513,10 +521,12 @@ class MemoryAdmin(GuardedAdmin):
             from django.core.exceptions import PermissionDenied
 
             raise PermissionDenied
-        url = reverse("admin:agentmemory_memory_change", args=[pk])
+        url = reverse("admin:agentmemory_memory_change", args=[pk]) + shard_query(request)
         try:
             expected = int(request.POST["loaded_version"])
-            message = act(admin_store(), memory, expected_for(memory, expected))
+            message = act(
+                admin_store(database=memory._state.db), memory, expected_for(memory, expected)
+            )
         except InvalidMemory as error:  # before ValueError, which it is
             self.message_user(request, str(error), messages.ERROR)
         except (KeyError, ValueError):
@@ -786,7 +796,10 @@ from . import checkpoint_admin  # noqa: E402, F401
 class McpTokenAdmin(ReadOnlyAdmin):
     """The MCP server's bearer tokens: who they act as, named by their first characters (the
     token itself is shown once, by ``manage.py agentmemory_mcp_token create``; only its digest
-    is stored). Deleting one revokes it -- from the server's next request on."""
+    is stored). Deleting one revokes it -- from the server's next request on. Kept in
+    ``AGENTMEMORY["DATABASE"]``, not with the sessions (not sharded)."""
+
+    sharded = False
 
     list_display = ("prefix", "principal", "label", "created_at")
     search_fields = ("=principal", "prefix")

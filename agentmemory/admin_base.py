@@ -6,22 +6,79 @@ from __future__ import annotations
 import functools
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.contrib.admin.options import TO_FIELD_VAR
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
 from django.urls import URLPattern
 
 from .conf import get_config
 from .store import MemoryStore
 
+#: The query-string parameter that names the shard a page shows (``AGENTMEMORY["SHARDS"]``).
+SHARD_VAR = "shard"
 
-def admin_store() -> MemoryStore:
-    """The store the admin reads and writes through: one per configured database and cache
+
+def admin_shards() -> list[str]:
+    """The shards the admin offers (sorted), or [] without ``AGENTMEMORY["SHARDS"]``."""
+    return sorted(get_config()["SHARDS"] or ())
+
+
+def admin_database(request: HttpRequest | None = None) -> str:
+    """The database a page shows: ``AGENTMEMORY["DATABASE"]``; with ``SHARDS`` set, the shard
+    the request names (``?shard=ALIAS``, which Django's preserved filters carry from a list to a
+    row's page and back), else the first shard. A name that is no shard shows the first."""
+    shards = admin_shards()
+    if not shards:
+        return str(get_config()["DATABASE"])
+    if request is not None:
+        name = request.GET.get(SHARD_VAR)
+        if name is None:
+            name = QueryDict(request.GET.get("_changelist_filters", "")).get(SHARD_VAR)
+        if name in shards:
+            return str(name)
+    return shards[0]
+
+
+def shard_query(request: HttpRequest) -> str:
+    """``?shard=ALIAS`` for the links and redirects of a row's page on a shard, else ``""``."""
+    if not admin_shards():
+        return ""
+    return "?" + urlencode({SHARD_VAR: admin_database(request)})
+
+
+def admin_store(request: HttpRequest | None = None, database: str | None = None) -> MemoryStore:
+    """The store the admin reads and writes through -- of ``database`` (a row's own), else of
+    the database the request's page shows (:func:`admin_database`): one per database and cache
     (a new one per request would reset the cache tier's outage state and script cache)."""
-    config = get_config()
-    return _store_for(config["DATABASE"], config["CACHE"])
+    return _store_for(database or admin_database(request), get_config()["CACHE"])
+
+
+class ShardFilter(admin.SimpleListFilter):
+    """The list's shard (``AGENTMEMORY["SHARDS"]``): one database at a time, the first by
+    default; no "All" (a list is one query, on one database)."""
+
+    title = "shard"
+    parameter_name = SHARD_VAR
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(alias, alias) for alias in admin_shards()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset  # the admin's get_queryset already reads the shard's database
+
+    def choices(self, changelist: Any) -> Any:
+        shards = admin_shards()
+        value = self.value()
+        shown = value if value in shards else shards[0]
+        for alias, title in self.lookup_choices:
+            yield {
+                "selected": alias == shown,
+                "query_string": changelist.get_query_string({SHARD_VAR: alias}),
+                "display": title,
+            }
 
 
 @lru_cache(maxsize=8)
@@ -74,12 +131,20 @@ class GuardedAdmin(admin.ModelAdmin):
             for url in super().get_urls()
         ]
 
+    #: Whether the model's rows are sharded (with the sessions): its pages then show one
+    #: shard at a time (:class:`ShardFilter`).
+    sharded = True
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        found = list(super().get_list_filter(request))
+        return [ShardFilter, *found] if self.sharded and admin_shards() else found
+
     def lookup_allowed(self, lookup: str, value: Any, request: Any = None) -> bool:
         return lookup in self.filter_parameters()
 
     def filter_parameters(self) -> set[str]:
         """The query-string parameters this admin's ``list_filter`` reads."""
-        found: set[str] = set()
+        found: set[str] = {SHARD_VAR} if self.sharded and admin_shards() else set()
         for entry in self.list_filter:
             if isinstance(entry, tuple):
                 field, kind = entry
@@ -109,4 +174,5 @@ class ReadOnlyAdmin(GuardedAdmin):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).using(admin_store().using)
+        database = admin_database(request) if self.sharded else get_config()["DATABASE"]
+        return super().get_queryset(request).using(database)

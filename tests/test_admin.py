@@ -417,3 +417,83 @@ def test_ids_with_slashes_and_spaces_are_found_by_search(admin_client, agent):
     assert rows("user/42/no") == [("user/42", "notes")]
     assert rows('" spaced"') == [(" spaced", "k")]
     assert rows(" spaced") == [(" spaced", "k"), ("spaced", "k")]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_on_shards_the_admin_shows_one_shard_at_a_time_and_acts_on_that_shards_row(
+    admin_client, settings
+):
+    """With AGENTMEMORY["SHARDS"], the list shows one shard (the first by default, another by
+    its filter), and a row's page, its edit and its actions reach that shard's row -- though the
+    other shard has a row of the same primary key."""
+    from agentmemory import ShardedStore
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": ["default", "other"], "CACHE": None}
+    sharded = ShardedStore(cache=None)
+    on = {sharded.place(f"user-{n}"): f"user-{n}" for n in range(20)}
+    for alias, session_id in on.items():
+        sharded.remember(session_id, "k", f"in {alias}")
+    pk = Memory.objects.using("other").get(session_id=on["other"]).pk
+    assert Memory.objects.using("default").filter(pk=pk).exists()  # the same pk on both
+    changelist = reverse("admin:agentmemory_memory_changelist")
+    page = admin_client.get(changelist)
+    assert [m.session_id for m in page.context["cl"].result_list] == [on["default"]]
+    assert 'href="?shard=other"' in page.content.decode()
+    page = admin_client.get(changelist + "?shard=other")
+    assert [m.session_id for m in page.context["cl"].result_list] == [on["other"]]
+    assert "_changelist_filters=shard%3Dother" in page.content.decode()  # rows keep the shard
+    row = change_url(pk) + "?_changelist_filters=shard%3Dother"
+    assert f"<title>{on['other']}/k v1 " in admin_client.get(row).content.decode()
+    edited = admin_client.post(row, {"value": '"edited"', "loaded_version": 1})
+    assert edited.status_code == 302 and edited["Location"].endswith("?shard=other")
+    assert sharded.recall(on["other"], "k").value == "edited"
+    assert sharded.recall(on["default"], "k").value == "in default"
+    forget = reverse("admin:agentmemory_memory_forget", args=[pk]) + "?shard=other"
+    done = admin_client.post(forget, {"loaded_version": 2})
+    assert done.status_code == 302 and done["Location"].endswith("?shard=other")
+    assert sharded.recall(on["other"], "k") is None
+    assert sharded.recall(on["default"], "k").version == 1
+    # A name that is no shard shows the first, never an error.
+    page = admin_client.get(changelist + "?shard=nope")
+    assert page.status_code in (200, 302)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_on_shards_the_mcp_tokens_stay_in_the_configured_database(admin_client, settings):
+    from agentmemory.integrations.mcp import create_token
+    from agentmemory.models import McpToken
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": ["other"], "CACHE": None}
+    create_token("alice", label="laptop", using="default")
+    page = admin_client.get(reverse("admin:agentmemory_mcptoken_changelist"))
+    assert [t.principal for t in page.context["cl"].result_list] == ["alice"]
+    assert "?shard=" not in page.content.decode()
+    assert not McpToken.objects.using("other").exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_on_shards_the_logs_and_checkpoint_chains_are_listed_one_shard_at_a_time(
+    admin_client, settings
+):
+    from agentmemory import ShardedStore
+    from agentmemory.integrations.langgraph import AgentMemorySaver
+
+    from .test_langgraph_checkpointer import config, put_step
+
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": ["default", "other"], "CACHE": None}
+    sharded = ShardedStore(cache=None)
+    on = {sharded.place(f"user-{n}"): f"user-{n}" for n in range(20)}
+    saver = AgentMemorySaver(sharded)
+    for session_id in on.values():
+        sharded.append(session_id, "chat", ["hello"])
+        put_step(saver, config(session_id), 1)
+    for alias, session_id in on.items():
+        for name in ("log", "checkpointthread"):
+            url = reverse(f"admin:agentmemory_{name}_changelist") + f"?shard={alias}"
+            page = admin_client.get(url)
+            assert page.status_code == 200, (name, alias)
+            shown = [
+                row.session_id if name == "log" else row.thread_id
+                for row in page.context["cl"].result_list
+            ]
+            assert shown == [session_id], (name, alias, shown)
