@@ -426,6 +426,8 @@ def test_on_shards_the_admin_shows_one_shard_at_a_time_and_acts_on_that_shards_r
     """With AGENTMEMORY["SHARDS"], the list shows one shard (the first by default, another by
     its filter), and a row's page, its edit and its actions reach that shard's row -- though the
     other shard has a row of the same primary key."""
+    from django.utils import timezone
+
     from agentmemory import ShardedStore
 
     settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": ["default", "other"], "CACHE": None}
@@ -434,7 +436,6 @@ def test_on_shards_the_admin_shows_one_shard_at_a_time_and_acts_on_that_shards_r
     for alias, session_id in on.items():
         sharded.remember(session_id, "k", f"in {alias}")
     pk = Memory.objects.using("other").get(session_id=on["other"]).pk
-    assert Memory.objects.using("default").filter(pk=pk).exists()  # the same pk on both
     changelist = reverse("admin:agentmemory_memory_changelist")
     page = admin_client.get(changelist)
     assert [m.session_id for m in page.context["cl"].result_list] == [on["default"]]
@@ -442,6 +443,19 @@ def test_on_shards_the_admin_shows_one_shard_at_a_time_and_acts_on_that_shards_r
     page = admin_client.get(changelist + "?shard=other")
     assert [m.session_id for m in page.context["cl"].result_list] == [on["other"]]
     assert "_changelist_filters=shard%3Dother" in page.content.decode()  # rows keep the shard
+    if not Memory.objects.using("default").filter(pk=pk).exists():
+        # The same primary key on both shards (ids count on per database): a row of it on
+        # default, so that a page that read the wrong shard would show it.
+        Memory.objects.using("default").create(
+            pk=pk,
+            session_id=on["default"],
+            key="collider",
+            value="collider",
+            version=1,
+            created_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
+    collider = Memory.objects.using("default").get(pk=pk)
     row = change_url(pk) + "?_changelist_filters=shard%3Dother"
     assert f"<title>{on['other']}/k v1 " in admin_client.get(row).content.decode()
     edited = admin_client.post(row, {"value": '"edited"', "loaded_version": 1})
@@ -453,6 +467,8 @@ def test_on_shards_the_admin_shows_one_shard_at_a_time_and_acts_on_that_shards_r
     assert done.status_code == 302 and done["Location"].endswith("?shard=other")
     assert sharded.recall(on["other"], "k") is None
     assert sharded.recall(on["default"], "k").version == 1
+    again = Memory.objects.using("default").get(pk=pk)
+    assert (again.value, again.version) == (collider.value, collider.version)
     # A name that is no shard shows the first, never an error.
     page = admin_client.get(changelist + "?shard=nope")
     assert page.status_code in (200, 302)
