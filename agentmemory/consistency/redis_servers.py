@@ -218,6 +218,22 @@ class RedisServer:
         self.stop()
 
 
+def snapshot_then_crash(primary: RedisServer, after_snapshot: Callable[[], Any] | None) -> None:
+    """``SAVE`` on ``primary``, ``after_snapshot()``, more writes (until
+    :data:`WRITES_AFTER_SNAPSHOT` keys changed, or :data:`AFTER_SNAPSHOT_SECONDS` on an idle
+    server), then ``kill -9``: what a restart will come back without."""
+    primary.save()
+    if after_snapshot is not None:
+        after_snapshot()
+    deadline = time.monotonic() + AFTER_SNAPSHOT_SECONDS
+    while time.monotonic() < deadline:
+        changes = primary.client().info("persistence")["rdb_changes_since_last_save"]
+        if changes >= WRITES_AFTER_SNAPSHOT:
+            break
+        time.sleep(0.01)
+    primary.kill()
+
+
 class SentinelGroup:
     """A primary, a replica and three sentinels (quorum 2), on free loopback ports. The roles
     move with failovers: :meth:`current` asks the sentinels which is which."""
@@ -345,16 +361,7 @@ class SentinelGroup:
         the primary again with its replica in sync. ``after_snapshot``: called once the snapshot
         is taken, before the writes go on (a write the restart will undo)."""
         primary, replica = self.current()
-        primary.save()
-        if after_snapshot is not None:
-            after_snapshot()
-        deadline = time.monotonic() + AFTER_SNAPSHOT_SECONDS
-        while time.monotonic() < deadline:
-            changes = primary.client().info("persistence")["rdb_changes_since_last_save"]
-            if changes >= WRITES_AFTER_SNAPSHOT:
-                break
-            time.sleep(0.01)
-        primary.kill()
+        snapshot_then_crash(primary, after_snapshot)
         primary.replica_of = None  # it comes back as the primary it was
         primary.start()
         self.wait_until(
@@ -658,16 +665,7 @@ class ClusterGroup:
         process with older entries). Then wait until the cluster is ok and its replica in sync
         (had the restart outlasted the node timeout, the replica took over: as good a fault)."""
         primary = self.owner(slot)
-        primary.save()
-        if after_snapshot is not None:
-            after_snapshot()
-        deadline = time.monotonic() + AFTER_SNAPSHOT_SECONDS
-        while time.monotonic() < deadline:
-            changes = primary.client().info("persistence")["rdb_changes_since_last_save"]
-            if changes >= WRITES_AFTER_SNAPSHOT:
-                break
-            time.sleep(0.01)
-        primary.kill()
+        snapshot_then_crash(primary, after_snapshot)
         primary.start()
         self.wait_until(self.healthy)
 

@@ -196,15 +196,26 @@ def own_redis(kinds: tuple[str, ...]) -> Iterator[SentinelGroup | ClusterGroup |
     alias = get_config()["CACHE"]
     user = settings.CACHES[alias]
     options = {k: v for k, v in (user.get("OPTIONS") or {}).items() if k not in SERVER_OPTIONS}
-    if is_cluster_alias(alias):
-        with (
-            tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder,
-            ClusterGroup(Path(folder)) as cluster,
-        ):
+    with tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder:
+        group: SentinelGroup | ClusterGroup
+        if is_cluster_alias(alias):
+            group = ClusterGroup(Path(folder))
             options.update(CLIENT_CLASS="agentmemory.redis_cluster.ClusterClient")
+        else:
+            group = SentinelGroup(Path(folder), down_after_ms=3000)
+        with group:
+            if isinstance(group, ClusterGroup):
+                location = group.url
+            else:
+                location = f"redis://{group.NAME}/0"
+                options.update(
+                    CLIENT_CLASS="django_redis.client.SentinelClient",
+                    CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
+                    SENTINELS=group.addresses,
+                )
             cache = {
                 "BACKEND": "django_redis.cache.RedisCache",
-                "LOCATION": cluster.url,
+                "LOCATION": location,
                 "OPTIONS": options,
                 "KEY_PREFIX": "memcheck",
             }
@@ -212,28 +223,7 @@ def own_redis(kinds: tuple[str, ...]) -> Iterator[SentinelGroup | ClusterGroup |
                 CACHES={**settings.CACHES, OWN_REDIS_ALIAS: cache},
                 AGENTMEMORY={**getattr(settings, "AGENTMEMORY", {}), "CACHE": OWN_REDIS_ALIAS},
             ):
-                yield cluster
-        return
-    with (
-        tempfile.TemporaryDirectory(prefix="memcheck-redis-") as folder,
-        SentinelGroup(Path(folder), down_after_ms=3000) as group,
-    ):
-        options.update(
-            CLIENT_CLASS="django_redis.client.SentinelClient",
-            CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
-            SENTINELS=group.addresses,
-        )
-        cache = {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": f"redis://{group.NAME}/0",
-            "OPTIONS": options,
-            "KEY_PREFIX": "memcheck",
-        }
-        with override_settings(
-            CACHES={**settings.CACHES, OWN_REDIS_ALIAS: cache},
-            AGENTMEMORY={**getattr(settings, "AGENTMEMORY", {}), "CACHE": OWN_REDIS_ALIAS},
-        ):
-            yield group
+                yield group
 
 
 def _process_main(
