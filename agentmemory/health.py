@@ -90,14 +90,28 @@ def _cache(using: str, add: Any) -> None:
     try:
         client = cache.client
         client.ping()
-        fence = client.pttl(cache.fence_key)
-        run_id = client.info("server").get("run_id", "?")
+        if cache.clustered:
+            fences = [client.pttl(group.fence) for group in cache.groups]
+            server = f"{len(client.get_primaries())} primaries"
+            kind = "Redis Cluster cache"
+        else:
+            fences = [client.pttl(cache.fence_key)]
+            server = f"server {str(client.info('server').get('run_id', '?'))[:12]}"
+            kind = "Redis cache"
     except Exception as exc:  # the client's own errors: the tier is down, the store serves on
         add("cache tier", "degraded", f"Redis cache {alias!r} unreachable: {exc}")
     else:
-        add("cache tier", "ok", f"Redis cache {alias!r} reachable (server {str(run_id)[:12]})")
-        if fence is not None and fence > 0:
-            add("cache fence", "ok", f"up ({fence} ms left): Redis is trusted")
+        add("cache tier", "ok", f"{kind} {alias!r} reachable ({server})")
+        up = [left for left in fences if left is not None and left > 0]
+        if len(fences) > 1:  # a cluster: a fence per group of sessions
+            add(
+                "cache fence",
+                "ok",
+                f"up in {len(up)} of {len(fences)} groups of sessions (a group's is renewed by "
+                "its next recall: nothing to do)",
+            )
+        elif up:
+            add("cache fence", "ok", f"up ({up[0]} ms left): Redis is trusted")
         else:
             add(
                 "cache fence",

@@ -294,3 +294,18 @@ def test_every_node_of_the_location_is_a_startup_node():
     first, nodes = startup_nodes(["rediss-cluster://u:p@10.0.0.1:7000", "10.0.0.2:7001 "])
     assert first == "rediss://u:p@10.0.0.1:7000"
     assert nodes == [("10.0.0.1", 7000), ("10.0.0.2", 7001)]
+
+
+def test_the_status_command_names_the_cluster_and_its_groups_fences(cluster, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    store = cache_on(settings, cluster.url)
+    store.remember("s", "k", "v1")
+    hit(store)
+    out = StringIO()
+    call_command("agentmemory_status", stdout=out)
+    text = out.getvalue()
+    assert "Redis Cluster cache 'cluster' reachable (3 primaries)" in text, text
+    assert f"up in 1 of {CLUSTER_GROUPS} groups of sessions" in text, text
