@@ -42,7 +42,8 @@ demo:
 # agents at once on each stack (make bench-agents): docs/agent-benchmarks.{json,md,png}, and the
 # adapters of LlamaIndex, Agent Framework and MCP against their peers: docs/adapter-benchmarks.*,
 # and what OpenTelemetry costs the store: docs/telemetry-benchmarks.*, and what sharding costs
-# and gives: docs/sharding-benchmarks.*.
+# and gives: docs/sharding-benchmarks.*, and the Redis tier on a Redis Cluster against one Redis:
+# docs/redis-cluster-benchmarks.*.
 bench:
 	@bash scripts/bootstrap.sh
 	@bash scripts/services.sh
@@ -52,6 +53,7 @@ bench:
 	@.venv/bin/python bench/adapters.py
 	@.venv/bin/python bench/telemetry.py
 	@.venv/bin/python bench/sharding.py
+	@.venv/bin/python bench/redis_cluster.py
 	@.venv/bin/python bench/checkpointers.py
 	@.venv/bin/python bench/tier.py
 	@.venv/bin/python bench/agent_turns.py
@@ -73,6 +75,7 @@ bench-quick:
 	@.venv/bin/python bench/adapters.py --quick
 	@.venv/bin/python bench/telemetry.py --quick
 	@.venv/bin/python bench/sharding.py --quick
+	@.venv/bin/python bench/redis_cluster.py --quick
 	@.venv/bin/python bench/checkpointers.py --quick
 	@.venv/bin/python bench/tier.py --quick --rtts 0,1
 	@.venv/bin/python bench/agent_turns.py --quick
