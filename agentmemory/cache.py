@@ -404,8 +404,10 @@ class Group:
         return f"Group({self.prefix!r})"
 
 
+@functools.lru_cache(maxsize=65_536)
 def group_index(session_id: str, groups: int = CLUSTER_GROUPS) -> int:
-    """The group of ``session_id`` among ``groups``: the same in every process (BLAKE2b)."""
+    """The group of ``session_id`` among ``groups``: the same in every process (BLAKE2b; a
+    process keeps its 65,536 most recent answers)."""
     digest = hashlib.blake2b(session_id.encode(), digest_size=8, person=b"agentmemory-grp").digest()
     return int.from_bytes(digest, "big") % groups
 
