@@ -325,19 +325,7 @@ class CheckpointPath:
             db = self.using
             heads = list(CheckpointThread.objects.using(db).filter(thread_id__in=thread_ids))
             if needs_history is not None:
-                metadata = Checkpoint.objects.using(db).filter(thread__in=heads)
-                refused = {
-                    name
-                    for name, kind, data in metadata.values_list(
-                        "thread__thread_id", "metadata_type", "metadata"
-                    )
-                    if needs_history((kind, bytes(data)))
-                }
-                if refused:
-                    raise NotImplementedError(
-                        "keep_latest can't prune threads that use a DeltaChannel: "
-                        + ", ".join(sorted(refused))
-                    )
+                refuse_delta_threads(self.delta_threads(heads, needs_history))
             for head in heads:
                 latest = (
                     Checkpoint.objects.using(db)
@@ -362,6 +350,23 @@ class CheckpointPath:
 
         with one_write_at_a_time(self.using):
             self.retrier.atomic(attempt)
+
+    def delta_threads(
+        self, threads: Iterable[Any], needs_history: Callable[[Typed], bool]
+    ) -> set[str]:
+        """Which of ``threads`` (ids, or their head rows) hold a checkpoint whose metadata
+        ``needs_history`` says is rebuilt from its ancestors: the threads ``prune`` refuses."""
+        threads = list(threads)
+        if threads and isinstance(threads[0], str):
+            threads = list(CheckpointThread.objects.using(self.using).filter(thread_id__in=threads))
+        metadata = Checkpoint.objects.using(self.using).filter(thread__in=threads)
+        return {
+            name
+            for name, kind, data in metadata.values_list(
+                "thread__thread_id", "metadata_type", "metadata"
+            )
+            if needs_history((kind, bytes(data)))
+        }
 
     # ------------------------------------------------------------------ reads
 
@@ -1186,6 +1191,15 @@ def _parts_statement(vendor: str, blobs: int, checkpoints: int) -> str:
     # types for the NULLs of the blob branches on PostgreSQL.
     branches = [write_branch] * checkpoints + [blob_branch] * blobs
     return " UNION ALL ".join(f"({branch})" if vendor == "mysql" else branch for branch in branches)
+
+
+def refuse_delta_threads(refused: set[str]) -> None:
+    """``prune(keep_latest)`` of threads that use a ``DeltaChannel``: refused, naming them, as
+    LangGraph's ``PostgresSaver`` does (their latest checkpoint alone would load empty)."""
+    if refused:
+        raise NotImplementedError(
+            "keep_latest can't prune threads that use a DeltaChannel: " + ", ".join(sorted(refused))
+        )
 
 
 @functools.lru_cache(maxsize=64)

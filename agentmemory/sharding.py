@@ -48,6 +48,7 @@ from django.db import connections
 from django.utils import timezone
 
 from . import aio, validation
+from .checkpoints import refuse_delta_threads
 from .conf import get_config
 from .defects import Defect
 from .errors import MemoryUnavailable
@@ -512,11 +513,29 @@ class ShardedCheckpoints:
         for alias in self.store.shards:
             self._on(alias, lambda p: p.delete_runs(run_ids))
 
-    def prune(self, thread_ids: Iterable[str], **kwargs: Any) -> None:
-        """Each shard's threads pruned on that shard (a ``DeltaChannel`` thread refuses its own
-        shard's prune; the shards before it in alias order are pruned)."""
-        for alias, ids in sorted(self._by_shard(thread_ids).items()):
-            self._on(alias, lambda p, ids=ids: p.prune(ids, **kwargs))
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        *,
+        keep_latest: bool,
+        needs_history: Callable[[Any], bool] | None = None,
+    ) -> None:
+        """Each shard's threads pruned on that shard -- after every shard was asked whether one
+        uses a ``DeltaChannel``: if one does, nothing is pruned anywhere (``NotImplementedError``
+        naming them, as on one database)."""
+        grouped = sorted(self._by_shard(thread_ids).items())
+        if keep_latest and needs_history is not None:
+            refused: set[str] = set()
+            for alias, ids in grouped:
+                refused |= self._on(alias, lambda p, ids=ids: p.delta_threads(ids, needs_history))
+            refuse_delta_threads(refused)
+        for alias, ids in grouped:
+            self._on(
+                alias,
+                lambda p, ids=ids: p.prune(
+                    ids, keep_latest=keep_latest, needs_history=needs_history
+                ),
+            )
 
     def copy_thread(self, source: str, target: str) -> None:
         origin, destination = self.alias(source), self.alias(target)

@@ -190,3 +190,23 @@ def test_adks_session_service_refuses_a_sharded_store_naming_the_way(sharded):
     service = AgentMemorySessionService(store=sharded.shard("my-app"))
     created = asyncio.run(service.create_session(app_name="my-app", user_id="u"))
     assert created.app_name == "my-app"
+
+
+def test_keep_latest_over_shards_refuses_a_delta_thread_and_prunes_nothing_anywhere(sharded):
+    """As on one database: a ``DeltaChannel`` thread on one shard refuses the whole prune --
+    the plain thread on the shard asked first keeps every checkpoint."""
+    from .test_langgraph_delta import delta_graph
+
+    saver = AgentMemorySaver(sharded)
+    plain = thread_on(sharded, "default", stem="plain")
+    delta = thread_on(sharded, "other", stem="delta")
+    graph = delta_graph(saver)
+    for n in range(3):
+        graph.invoke({"n": n}, config(delta))
+    loaded = put_step(saver, config(plain), "root")
+    put_step(saver, loaded, "next")
+    with pytest.raises(NotImplementedError, match=delta):
+        saver.prune([plain, delta], strategy="keep_latest")
+    assert len(list(saver.list(config(plain)))) == 2
+    saver.prune([plain], strategy="keep_latest")
+    assert len(list(saver.list(config(plain)))) == 1
