@@ -499,7 +499,7 @@ class MemoryCache:
     @property
     def clustered(self) -> bool:
         """Whether the alias is a Redis Cluster (:class:`agentmemory.redis_cluster.ClusterClient`)."""
-        return type(self.client).__name__ == "RedisCluster"
+        return isinstance(self.client, _cluster_client_class())
 
     @property
     def groups(self) -> list[Group]:
@@ -1520,6 +1520,14 @@ def _server_of(
 
 
 @functools.cache
+def _cluster_client_class() -> type:
+    """redis-py's cluster client (redis-py is an optional dependency: imported on first use)."""
+    from redis.cluster import RedisCluster
+
+    return RedisCluster
+
+
+@functools.cache
 def _redirected() -> tuple[type[Exception], ...]:
     """A cluster node's answer that the slot is served elsewhere or not now (``MOVED``,
     ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``): redis-py parses them as these errors."""
@@ -1611,7 +1619,7 @@ def probe_cache(alias: str, timeout: float = 2.0) -> CacheProblem | None:
         try:
             client = get_redis_connection(alias)
             client.ping()
-            if type(client).__name__ != "RedisCluster" and client.info("cluster").get(
+            if not isinstance(client, _cluster_client_class()) and client.info("cluster").get(
                 "cluster_enabled"
             ):
                 raise ImproperlyConfigured(
