@@ -210,3 +210,32 @@ def test_keep_latest_over_shards_refuses_a_delta_thread_and_prunes_nothing_anywh
     assert len(list(saver.list(config(plain)))) == 2
     saver.prune([plain], strategy="keep_latest")
     assert len(list(saver.list(config(plain)))) == 1
+
+
+@pytest.mark.parametrize(
+    "twins",
+    [("Thread", "thread"), ("café", "cafe"), ("t", "t ")],
+    ids=["case", "accent", "trailing-space"],
+)
+def test_thread_ids_that_differ_in_case_accents_or_spaces_are_distinct_threads(sharded, twins):
+    saver = AgentMemorySaver(sharded)
+    for value, thread in enumerate(twins):
+        put_step(saver, config(thread), value)
+    for value, thread in enumerate(twins):
+        (only,) = saver.list(config(thread))
+        assert only.checkpoint["channel_values"] == {"value": value}
+        home = sharded.checkpoints.alias(thread)
+        assert {t for t, _ in stored_pairs(home)} >= {thread}
+        assert thread not in {t for t, _ in stored_pairs(next(a for a in SHARDS if a != home))}
+
+
+def test_a_str_where_a_list_of_ids_belongs_is_refused_on_shards_too(sharded):
+    saver = AgentMemorySaver(sharded)
+    put_step(saver, config("abc"), 1)
+    for call in (
+        lambda: saver.prune("abc", strategy="keep_latest"),
+        lambda: saver.delete_for_runs("run-1"),
+    ):
+        with pytest.raises(InvalidMemory, match="single str"):
+            call()
+    assert len(list(saver.list(config("abc")))) == 1
