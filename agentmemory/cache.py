@@ -1519,6 +1519,17 @@ def _server_of(
     return server.run_id
 
 
+def is_cluster_alias(alias: str) -> bool:
+    """Whether cache ``alias`` is configured with
+    :class:`~agentmemory.redis_cluster.ClusterClient` (read from the settings: no connection
+    made, and nothing of django-redis imported -- ``make memcheck`` installs the core only)."""
+    from django.conf import settings
+
+    options = (settings.CACHES.get(alias) or {}).get("OPTIONS") or {}
+    client_class = options.get("CLIENT_CLASS", "")
+    return isinstance(client_class, str) and client_class.endswith(".ClusterClient")
+
+
 @functools.cache
 def _cluster_client_class() -> type:
     """redis-py's cluster client (redis-py is an optional dependency: imported on first use)."""

@@ -66,16 +66,6 @@ def startup_nodes(locations: list[str]) -> tuple[str, list[tuple[str, int]]]:
     return first, nodes
 
 
-def is_cluster_alias(alias: str) -> bool:
-    """Whether cache ``alias`` is configured with :class:`ClusterClient` (read from the
-    settings: no connection made)."""
-    from django.conf import settings
-
-    options = (settings.CACHES.get(alias) or {}).get("OPTIONS") or {}
-    client_class = options.get("CLIENT_CLASS", "")
-    return isinstance(client_class, str) and client_class.endswith(".ClusterClient")
-
-
 class ClusterClient(DefaultClient):
     """django-redis' client on Redis Cluster (``OPTIONS["CLIENT_CLASS"]``). Takes
     ``SOCKET_CONNECT_TIMEOUT``, ``SOCKET_TIMEOUT`` and ``PASSWORD`` from ``OPTIONS`` (or the

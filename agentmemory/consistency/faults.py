@@ -86,10 +86,10 @@ from django.db.backends.signals import connection_created
 from django.db.models import F
 
 from .. import clock, defects
+from ..cache import is_cluster_alias
 from ..defects import Defect
 from ..models import Log, Memory
 from ..records import VALUE_OPS
-from ..redis_cluster import is_cluster_alias
 from ..vendors import (
     Transient,
     classify,

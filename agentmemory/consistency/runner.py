@@ -22,11 +22,11 @@ from django.db.models import Q
 from django.test.utils import override_settings
 
 from .. import clock
+from ..cache import is_cluster_alias
 from ..conf import get_config
 from ..defects import NONE as NO_DEFECTS
 from ..defects import Defect, Defects
 from ..models import Memory
-from ..redis_cluster import is_cluster_alias
 from ..store import MemoryStore
 from . import semantic, traces
 from .adk import delete_apps, load_apps
