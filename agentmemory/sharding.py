@@ -479,8 +479,9 @@ class ShardedCheckpoints:
             raise _named(alias, error) from error
 
     def _on(self, alias: str, call: Callable[[Any], Any]) -> Any:
+        """``call(the shard's chains)``, a ``MemoryUnavailable`` named once by the shard."""
         try:
-            return call(self._path(alias))
+            return call(self.store._checked(alias).checkpoints)
         except MemoryUnavailable as error:
             raise _named(alias, error) from error
 

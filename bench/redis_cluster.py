@@ -19,8 +19,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,14 @@ from django.core.cache import caches  # noqa: E402
 
 from agentmemory import MemoryStore  # noqa: E402
 from agentmemory.consistency.redis_servers import ClusterGroup, RedisServer  # noqa: E402
-from bench.run import available_backends, progress, run_header, run_threads, write_results  # noqa: E402
+from bench.run import (  # noqa: E402
+    available_backends,
+    progress,
+    rate,
+    run_header,
+    run_threads,
+    write_results,
+)
 from project.settings import redis_cache  # noqa: E402
 
 SIZES = {
@@ -46,13 +51,6 @@ SIZES = {
 }
 TIERS = ("one Redis", "Redis Cluster")
 KEYS = [f"k{n}" for n in range(10)]
-
-
-def rate(calls: int, call: Callable[[int], Any]) -> float:
-    started = time.perf_counter()
-    for n in range(calls):
-        call(n)
-    return calls / (time.perf_counter() - started)
 
 
 def sequential(store: MemoryStore, calls: int, session: str) -> dict[str, float]:

@@ -119,6 +119,14 @@ def redis_available() -> bool:
 # ---------------------------------------------------------------- measuring
 
 
+def rate(calls: int, call: Callable[[int], Any]) -> float:
+    """calls/s of ``call(n)`` for n in 0 .. calls - 1, one after the other."""
+    started = time.perf_counter()
+    for n in range(calls):
+        call(n)
+    return calls / (time.perf_counter() - started)
+
+
 def run_threads(threads: int, work: Callable[[int], int]) -> float:
     """ops/s of ``work(thread index) -> ops done`` in ``threads`` threads started together."""
     barrier, done = threading.Barrier(threads + 1), [0] * threads

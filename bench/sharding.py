@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +32,20 @@ django.setup()
 
 from agentmemory import MemoryStore, ShardedStore  # noqa: E402
 from agentmemory.sharding import place, record_shards  # noqa: E402
-from bench.run import available_backends, progress, run_header, run_threads, write_results  # noqa: E402
+from bench.run import (  # noqa: E402
+    available_backends,
+    progress,
+    rate,
+    run_header,
+    run_threads,
+    write_results,
+)
 
 SIZES = {
     "full": {"calls": 2000, "repeats": 5, "threads": 8, "per_thread": 200},
     "quick": {"calls": 200, "repeats": 1, "threads": 4, "per_thread": 30},
 }
 SHARD_COUNTS = (1, 2, 4)
-
-
-def rate(calls: int, call: Callable[[int], Any]) -> float:
-    started = time.perf_counter()
-    for n in range(calls):
-        call(n)
-    return calls / (time.perf_counter() - started)
 
 
 def overhead(base: str, calls: int, flip: bool) -> dict[str, dict[str, float]]:

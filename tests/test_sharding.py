@@ -558,6 +558,7 @@ def test_a_shard_that_cannot_answer_fails_its_sessions_calls_naming_it_and_no_ot
         try:
             for name, call in (
                 ("there", lambda: store.remember(there, "k", 1)),
+                ("thread", lambda: store.checkpoints.delete_threads([there])),
                 ("every", lambda: store.purge_expired()),
                 ("here", lambda: store.remember(here, "k", 1)),
             ):
@@ -575,8 +576,9 @@ def test_a_shard_that_cannot_answer_fails_its_sessions_calls_naming_it_and_no_ot
     finally:
         holder.rollback()
         holder.close()
-    for name in ("there", "every"):
+    for name in ("there", "thread", "every"):
         assert isinstance(outcome[name], MemoryUnavailable), outcome
         assert str(outcome[name]).startswith("shard 'other': "), outcome[name]
+        assert str(outcome[name]).count("shard 'other'") == 1, outcome[name]  # named once
     assert outcome["here"].version == 1, outcome  # the other shard served meanwhile
     assert store.recall(there, "k") is None and store.expired_counts() == (1, 0)

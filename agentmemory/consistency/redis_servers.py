@@ -218,6 +218,30 @@ class RedisServer:
         self.stop()
 
 
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    details: Callable[[], str] | None = None,
+) -> None:
+    """Until ``condition()`` is true (an error from it: a server not answering yet), checked
+    every 50 ms; ``TimeoutError`` naming ``what``, the last error and ``details()`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except Exception as error:
+            last = error
+        time.sleep(0.05)
+    raise TimeoutError(
+        f"{what}: condition not met in {timeout} s (last error: {last!r})"
+        + (f"\n{details()}" if details is not None else "")
+    )
+
+
 def snapshot_then_crash(primary: RedisServer, after_snapshot: Callable[[], Any] | None) -> None:
     """``SAVE`` on ``primary``, ``after_snapshot()``, more writes (until
     :data:`WRITES_AFTER_SNAPSHOT` keys changed, or :data:`AFTER_SNAPSHOT_SECONDS` on an idle
@@ -401,19 +425,7 @@ class SentinelGroup:
             return False
 
     def wait_until(self, condition: Any, timeout: float = WAIT_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                if condition():
-                    return
-            except Exception as error:  # a server or sentinel not answering yet
-                last = error
-            time.sleep(0.05)
-        raise TimeoutError(
-            f"sentinel group under {self.directory}: condition not met in {timeout} s "
-            f"(last error: {last!r})\n" + self.logs()
-        )
+        wait_for(condition, timeout, f"sentinel group under {self.directory}", self.logs)
 
     def logs(self, lines: int = 15) -> str:
         """The last lines of each sentinel's log: what they saw and decided (a failover that did
@@ -690,19 +702,7 @@ class ClusterGroup:
         return [self._node(p) for p, (role, _) in self.roles().items() if role == "primary"]
 
     def wait_until(self, condition: Any, timeout: float = WAIT_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                if condition():
-                    return
-            except Exception as error:  # a node not answering yet
-                last = error
-            time.sleep(0.05)
-        raise TimeoutError(
-            f"Redis cluster under {self.directory}: condition not met in {timeout} s "
-            f"(last error: {last!r})"
-        )
+        wait_for(condition, timeout, f"Redis cluster under {self.directory}")
 
     def stop(self) -> None:
         for node in self.nodes:
