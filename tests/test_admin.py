@@ -469,9 +469,12 @@ def test_on_shards_the_admin_shows_one_shard_at_a_time_and_acts_on_that_shards_r
     assert sharded.recall(on["default"], "k").version == 1
     again = Memory.objects.using("default").get(pk=pk)
     assert (again.value, again.version) == (collider.value, collider.version)
-    # A name that is no shard shows the first, never an error.
-    page = admin_client.get(changelist + "?shard=nope")
-    assert page.status_code in (200, 302)
+    # A name that is no shard -- another case, a trailing space -- shows the first, never an
+    # error and never the shard it resembles.
+    for name in ("nope", "OTHER", "other%20"):
+        page = admin_client.get(changelist + f"?shard={name}")
+        assert page.status_code == 200, name
+        assert {m.session_id for m in page.context["cl"].result_list} == {on["default"]}, name
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
