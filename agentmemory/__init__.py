@@ -14,6 +14,7 @@ from .errors import (
     InvalidMemory,
     MemoryUnavailable,
     ReentrantWrite,
+    SessionMoved,
     VersionConflict,
     VersionPruned,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "MemoryVersionRecord",
     "ReentrantWrite",
     "ScoredMemory",
+    "SessionMoved",
     "ShardedStore",
     "VersionConflict",
     "VersionPruned",

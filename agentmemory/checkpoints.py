@@ -175,7 +175,7 @@ class CheckpointPath:
             self._run(statements.insert, [head, checkpoint_id, *fields, at])
 
         with one_write_at_a_time(self.using):
-            self.retrier.atomic(attempt)
+            self.retrier.atomic(attempt, sessions=(thread_id,))
 
     @instrumented("checkpoint.put_writes", THREAD)
     def put_writes(
@@ -223,7 +223,7 @@ class CheckpointPath:
                     self._run(statement.format(rows=rows), params)
 
         with one_write_at_a_time(self.using):
-            self.retrier.atomic(attempt)
+            self.retrier.atomic(attempt, sessions=(thread_id,))
 
     @instrumented("checkpoint.delete_threads", ())
     def delete_threads(self, thread_ids: Iterable[str]) -> None:
@@ -240,6 +240,12 @@ class CheckpointPath:
 
         def attempt(_retry: bool) -> None:
             doomed = Checkpoint.objects.using(self.using).filter(run_id__in=run_ids)
+            self.retrier.pass_gates(
+                connections[self.using],
+                CheckpointThread.objects.using(self.using)
+                .filter(id__in=doomed.values("thread_id"))
+                .values_list("thread_id", flat=True),
+            )
             for head_id, checkpoint_id in doomed.values_list("thread_id", "checkpoint_id"):
                 CheckpointWrite.objects.using(self.using).filter(
                     thread_id=head_id, checkpoint_id=checkpoint_id
@@ -298,7 +304,7 @@ class CheckpointPath:
                     model.objects.using(db).bulk_create(rows, batch_size=500)
 
         with one_write_at_a_time(self.using):
-            self.retrier.atomic(attempt)
+            self.retrier.atomic(attempt, sessions=(target,))
 
     @instrumented("checkpoint.prune", ())
     def prune(
@@ -349,7 +355,7 @@ class CheckpointPath:
                 CheckpointBlob.objects.using(db).filter(thread_id=head.id).exclude(read).delete()
 
         with one_write_at_a_time(self.using):
-            self.retrier.atomic(attempt)
+            self.retrier.atomic(attempt, sessions=thread_ids)
 
     def delta_threads(
         self, threads: Iterable[Any], needs_history: Callable[[Typed], bool]
@@ -634,8 +640,12 @@ class CheckpointPath:
             attempt(retry)
             failpoint_autocommit_answer()  # stored, and the answer lost (a retry rewrites it)
 
-        if connection.in_atomic_block or raises_synchronous_commit(connection):
-            self.retrier.atomic(attempt, connection)
+        if (
+            connection.in_atomic_block
+            or self.retrier.gated
+            or raises_synchronous_commit(connection)
+        ):
+            self.retrier.atomic(attempt, connection, sessions=(thread_id,))
         else:
             self.retrier.run(autocommitted, connection)
 
@@ -852,6 +862,13 @@ class CheckpointPath:
 
     def _delete(self, heads: Q) -> None:
         def attempt(_retry: bool) -> None:
+            # The threads' gates before any row lock, as every write passes them.
+            self.retrier.pass_gates(
+                connections[self.using],
+                CheckpointThread.objects.using(self.using)
+                .filter(heads)
+                .values_list("thread_id", flat=True),
+            )
             # Locked first (sql.lock_for_delete): a put racing the delete waits, and lands
             # after it on a new head, instead of adding a checkpoint between two DELETEs.
             ids = sql.lock_for_delete(

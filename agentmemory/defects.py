@@ -77,6 +77,7 @@ class Defect(StrEnum):
     FENCE_FROM_RENEWAL = "fence-counted-from-renewal"
     RENEWAL_IGNORES_PENDING = "fence-renewed-while-pending"
     MCP_SHARED_SESSIONS = "mcp-shared-sessions"
+    UNGATED_WRITES = "writes-skip-move-gate"
 
 
 #: What each defect does, where it is planted (for the self-test's table and the docs).
@@ -153,6 +154,9 @@ DESCRIPTIONS = {
     "(cache.renew_fence)",
     Defect.MCP_SHARED_SESSIONS: "the MCP server keeps a principal's session ids as given, "
     "without its prefix: principals share sessions of the same name (integrations.mcp)",
+    Defect.UNGATED_WRITES: "a shard's writes do not pass their session's gate: a write that "
+    "lands while the session is copied to another shard stays behind on the old one "
+    "(retries.Retrier.atomic, agentmemory.moves)",
 }
 
 #: Defects planted in the one-statement write itself: the store keeps that path with them (every
@@ -492,6 +496,33 @@ def failpoint_tombstones(session_id: str, versions: dict[str, int]) -> None:
     """Called by the tier before it sends a write's tombstones."""
     if _stop_at("cut-off", session_id, versions) is not None:
         raise CacheCutOff("Redis unreachable for this write (an injected failure)")
+
+
+def hold_next_move(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a stop of the next session move that ``match(session_id,
+    [])`` selects, once its rows are copied to the new shard and before the old shard's are
+    deleted, until the hold is released: the moment a write must wait, not land behind the copy
+    (agentmemory.moves)."""
+    return _arm_hold("move", match, timeout)
+
+
+def failpoint_move_copied(session_id: str) -> None:
+    """Called by a move between copying the session's rows and deleting the old shard's."""
+    if _holds.get("move"):
+        _stop_at("move", session_id, {})
+
+
+def hold_next_gate_wait(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:
+    """Arm, for the whole process, a stop of the next write that ``match(session_id, [])``
+    selects when it meets a closed gate (its session being moved), before it waits, until the
+    hold is released: a test knows the write is waiting."""
+    return _arm_hold("gate", match, timeout)
+
+
+def failpoint_gate_closed(session_id: str) -> None:
+    """Called by a write that met a closed gate, before it waits for the move to end."""
+    if _holds.get("gate"):
+        _stop_at("gate", session_id, {})
 
 
 def hold_next_renewal(match: Callable[[str, Iterable[str]], bool], timeout: float = 5.0) -> Hold:

@@ -117,6 +117,22 @@ class MemoryUnavailable(AgentMemoryError):
         super().__init__(message)
 
 
+class SessionMoved(AgentMemoryError):
+    """A write reached a shard that ``session_id`` has been moved away from (``manage.py
+    move_sessions``); it lives on ``shard`` now and nothing was written. A
+    :class:`~agentmemory.ShardedStore` follows it by itself: only a shard's own store, called
+    directly, raises it."""
+
+    def __init__(self, session_id: str, left: str, shard: str) -> None:
+        self.session_id = session_id
+        self.left = left
+        self.shard = shard
+        super().__init__(
+            f"session {session_id!r} moved from shard {left!r} to shard {shard!r}: nothing was "
+            "written here"
+        )
+
+
 class EmbeddingFailed(AgentMemoryError):
     """The semantic index's embedder raised, timed out, or returned something other than one
     vector of ``dims`` finite numbers per text. Nothing was written."""

@@ -128,7 +128,7 @@ class LogPath:
             return appended
 
         with one_write_at_a_time(self.using):
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def pop(self, session_id: str, stream: str, request_id: str, caller_request_id: bool) -> Any:
         """Remove the last live item and return it (None: the log is empty)."""
@@ -157,7 +157,7 @@ class LogPath:
             return LogItemRecord(session_id, stream, last.seq, last.value, last.created_at)
 
         with one_write_at_a_time(self.using):
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def clear(self, session_id: str, stream: str, request_id: str, caller_request_id: bool) -> int:
         """Hide every live item (one event); returns how many there were."""
@@ -177,7 +177,7 @@ class LogPath:
             return self._hide(head, LogOp.CLEAR, now, request_id)
 
         with one_write_at_a_time(self.using):
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def rewrite(
         self,
@@ -230,7 +230,7 @@ class LogPath:
             return appended
 
         with one_write_at_a_time(self.using):
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def expire(self, session_id: str, stream: str) -> bool:
         """Record the expiry of the log if its TTL has passed (``purge_expired``); True if it
@@ -242,7 +242,7 @@ class LogPath:
             return head is not None and self._expire_if_due(head, now)
 
         with one_write_at_a_time(self.using):
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def erase(self, session_id: str) -> int:
         """Delete every log of the session with its items and events (plain DELETE statements,
@@ -258,7 +258,7 @@ class LogPath:
             return sql.delete_locked(connection, [(LogItem, "log"), (LogEvent, "log")], ids)
 
         with one_write_at_a_time(self.using):
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def due(self, limit: int) -> list[tuple[str, str]]:
         """Up to ``limit`` logs whose TTL has passed: ``(session_id, stream)``."""

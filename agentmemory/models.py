@@ -323,6 +323,39 @@ class ShardMap(models.Model):
         return f"shards {', '.join(self.shards)} (recorded {self.recorded_at})"
 
 
+class GateState(models.TextChoices):
+    """Where a session stands on a shard while it is moved (:mod:`agentmemory.moves`)."""
+
+    #: Written here (the state of a session with no gate row).
+    OPEN = "open", "open"
+    #: Being copied to ``peer``: read here, written nowhere until the move ends.
+    MOVING = "moving", "moving"
+    #: Being copied here from ``peer``: written nowhere until the move ends.
+    INCOMING = "incoming", "incoming"
+    #: Lives on ``peer`` now: nothing of it is left here but this row.
+    MOVED = "moved", "moved"
+
+
+class SessionGate(models.Model):
+    """A session's gate on one shard (:mod:`agentmemory.moves`): every write of a shard's store
+    passes it in its own transaction, serialized with the mover's change of state, so that no
+    write lands on a shard after the session's rows were copied from it. Most sessions have no
+    row (open) on SQLite and PostgreSQL; on the MySQL family every written session has one, which
+    each write updates (``writes``), as a Galera cluster certifies only rows written."""
+
+    id = models.BigAutoField(primary_key=True)
+    session_id = ExactCharField(max_length=SESSION_ID_MAX, unique=True)
+    state = models.CharField(max_length=16, choices=GateState.choices, default=GateState.OPEN)
+    #: The other shard of a move: where the session went (moved, moving) or came from.
+    peer = models.CharField(max_length=100, blank=True, default="")
+    writes = models.PositiveBigIntegerField(default=0)
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        peer = f" ({self.peer})" if self.peer else ""
+        return f"{visible(self.session_id)} {self.state}{peer}"
+
+
 # ---------------------------------------------------------------------- logs
 
 

@@ -11,12 +11,12 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import telemetry
+from . import moves, telemetry
 from .conf import get_config
 from .defects import failpoint_commit_answer
 from .errors import MemoryUnavailable
@@ -47,6 +47,9 @@ class Retrier:
         #: Transient errors absorbed by retries, by kind; read by memcheck and the benchmarks.
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        #: Whether writes pass their sessions' gates (a shard's store: sessions may be moved
+        #: online, :mod:`agentmemory.moves`).
+        self.gated = False
 
     def run(self, attempt: Callable[[bool], T], connection: Any = None) -> T:
         """``attempt(retry)`` until it succeeds, with jittered exponential backoff between
@@ -98,21 +101,51 @@ class Retrier:
             attempts=number,
         ) from error
 
-    def atomic(self, attempt: Callable[[bool], T], connection: Any = None) -> T:
+    def atomic(
+        self,
+        attempt: Callable[[bool], T],
+        connection: Any = None,
+        *,
+        sessions: Sequence[str] = (),
+    ) -> T:
         """:meth:`run` with each attempt in its own ``transaction.atomic``: a transaction retried
-        as a whole (inside a caller's transaction, a savepoint, not retried)."""
+        as a whole (inside a caller's transaction, a savepoint, not retried). ``sessions``: the
+        sessions the transaction writes; on a shard's store (``gated``), each attempt first
+        passes their gates (:mod:`agentmemory.moves`), and a session being moved is waited for
+        -- then the write runs again, or raises ``SessionMoved`` if the session now lives on
+        another shard. An attempt may also pass gates itself (:meth:`pass_gates`)."""
 
         if connection is None:
             connection = connections[self.using]
+        gated = self.gated and bool(sessions)
+        tried = False
 
         def in_transaction(retry: bool) -> T:
+            nonlocal tried
             with transaction.atomic(using=self.using):
                 begin_durable(connection)
+                if gated:
+                    moves.pass_gate(connection, sessions)
+                # A run again after a gate's wait: an earlier attempt may have committed.
+                retry, tried = retry or tried, True
                 result = attempt(retry)
                 failpoint_commit_answer(connection)
             return result
 
-        return self.run(in_transaction, connection)
+        if not self.gated:
+            return self.run(in_transaction, connection)
+        return moves.through_gates(
+            lambda: self.run(in_transaction, connection),
+            self.using,
+            lambda: tried,
+            connection.in_atomic_block,
+        )
+
+    def pass_gates(self, connection: Any, sessions: Iterable[str]) -> None:
+        """Inside an attempt of :meth:`atomic`: pass the gates of sessions the attempt found
+        (a delete of several threads); nothing on a store that is not a shard's."""
+        if self.gated:
+            moves.pass_gate(connection, sessions)
 
     def _confirmed(self, attempt: Callable[[bool], T], connection: Any) -> Callable[[bool], T]:
         """``attempt``, raising ``MemoryUnavailable`` when its COMMIT came back with

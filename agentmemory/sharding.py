@@ -47,11 +47,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils import timezone
 
-from . import aio, validation
+from . import aio, moves, validation
 from .checkpoints import refuse_delta_threads
 from .conf import get_config
 from .defects import Defect
-from .errors import MemoryUnavailable
+from .errors import InvalidMemory, MemoryUnavailable, SessionMoved
 from .records import ScoredMemory
 from .semantic import Index
 from .store import _CACHE_FROM_SETTINGS, _INDEX_FROM_SETTINGS, MemoryStore
@@ -226,8 +226,34 @@ def _named(alias: str, error: MemoryUnavailable) -> MemoryUnavailable:
     )
 
 
+#: The per-session calls that read (or, as ``forget_session``, change only what they read): an
+#: empty answer from a shard may mean that the session was moved away, so its gate is asked.
+READS = frozenset(
+    {
+        "recall",
+        "recall_many",
+        "history",
+        "search",
+        "read_log",
+        "log_length",
+        "log_streams",
+        "log_history",
+        "forget_session",
+    }
+)
+
+#: How many times one call follows its session to another shard before it gives up: a session
+#: moved again while the call follows it is followed again.
+MAX_HOPS = 32
+
+#: How many moved sessions a ShardedStore remembers the shard of (then it forgets them all and
+#: learns them again, one gate read each).
+FORWARDS_MAX = 65536
+
+
 def _routed(name: str) -> Callable[..., Any]:
     method = getattr(MemoryStore, name)
+    read = name in READS
 
     @functools.wraps(method)
     def routed(self: ShardedStore, *args: Any, **kwargs: Any) -> Any:
@@ -237,11 +263,9 @@ def _routed(name: str) -> Callable[..., Any]:
             session_id = kwargs["session_id"]
         else:
             raise TypeError(f"{name}() missing required argument: 'session_id'")
-        alias = self.place(session_id)
-        try:
-            return getattr(self._checked(alias), name)(*args, **kwargs)
-        except MemoryUnavailable as error:
-            raise _named(alias, error) from error
+        return self.follow(
+            session_id, lambda store: getattr(store, name)(*args, **kwargs), read=read
+        )
 
     return routed
 
@@ -275,9 +299,12 @@ class ShardedStore:
                 row_lock=row_lock,
                 defects=defects,
                 index=index,
+                gated=True,
             )
             for alias in self.shards
         }
+        #: Where the sessions this process saw moved (manage.py move_sessions) live now.
+        self._forwards: dict[str, str] = {}
         self._local = threading.local()
         first = self.stores[self.shards[0]]
         #: The planted bugs and the semantic index, as every shard's store has them.
@@ -292,15 +319,95 @@ class ShardedStore:
     # ------------------------------------------------------------------ placement
 
     def place(self, session_id: str) -> str:
-        """The alias of ``session_id``'s shard (InvalidMemory for an id the store refuses)."""
+        """The alias of ``session_id``'s home shard, where its placement puts it (InvalidMemory
+        for an id the store refuses); a session moved away (:meth:`move`) lives elsewhere
+        (:meth:`locate`)."""
         return _place(validation.check_session_id(session_id), self.shards)
+
+    def locate(self, session_id: str) -> str:
+        """The alias of the shard that holds ``session_id``'s rows: its home, or where this
+        process saw it moved to, else where the gates of its home (and of each shard it went on
+        to) say it moved: exact when it returns, a read of a gate per shard it moved from."""
+        home = self.place(session_id)  # the id checked first
+        alias = self._forwards.get(session_id, home)
+        for _hop in range(MAX_HOPS):
+            peer = self._moved_from(alias, session_id)
+            if peer is None:
+                return alias
+            self.moved(session_id, peer)
+            alias = peer
+        raise self._lost(session_id)
+
+    def moved(self, session_id: str, alias: str) -> None:
+        """Remember that ``session_id`` lives on ``alias`` (the mover, and a write or read that
+        found it moved, tell the store so)."""
+        if alias == _place(session_id, self.shards):
+            self._forwards.pop(session_id, None)
+            return
+        if len(self._forwards) >= FORWARDS_MAX:
+            self._forwards.clear()
+        self._forwards[session_id] = alias
+
+    def follow(
+        self, session_id: str, call: Callable[[MemoryStore], Any], *, read: bool = False
+    ) -> Any:
+        """``call(store)`` on the store of the shard ``session_id`` lives on, as this process
+        knows it: where a write finds the session moved (``SessionMoved``), or a ``read`` finds
+        nothing and the shard's gate says it moved, the call goes on to the shard it moved to."""
+        home = self.place(session_id)  # the id checked first
+        alias = self._forwards.get(session_id, home)
+        for _hop in range(MAX_HOPS):
+            try:
+                result = call(self._checked(alias))
+            except SessionMoved as moved:
+                peer: str | None = moved.shard
+            except MemoryUnavailable as error:
+                raise _named(alias, error) from error
+            else:
+                if not read or result:
+                    return result
+                peer = self._moved_from(alias, session_id)
+                if peer is None:
+                    return result
+            self.moved(session_id, peer)
+            alias = peer
+        raise self._lost(session_id)
+
+    def _moved_from(self, alias: str, session_id: str) -> str | None:
+        store = self.stores[alias]
+        try:
+            return store._retrier.read(lambda: moves.moved_to(alias, session_id))
+        except MemoryUnavailable as error:
+            raise _named(alias, error) from error
+
+    def _lost(self, session_id: str) -> MemoryUnavailable:
+        return MemoryUnavailable(
+            f"session {session_id!r} was found moved {MAX_HOPS} times in one call (shards "
+            f"{', '.join(self.shards)}): it is being moved back and forth faster than the call "
+            "can follow"
+        )
+
+    def move(self, session_id: str, to: str) -> moves.MoveReport:
+        """Move ``session_id`` to the shard ``to``, online: it is read throughout and its writes
+        wait only while its rows are copied (docs/scaling.md). Returns what was moved. Raises
+        InvalidMemory for a shard that is not one of this store's, MemoryUnavailable (naming the
+        shard) if a database fails -- the move can then be made again, or finished by
+        ``manage.py move_sessions --resume``."""
+        session_id = validation.check_session_id(session_id)
+        if to not in self.stores:
+            raise InvalidMemory(
+                "to", f"{to!r} is not a shard of this store ({', '.join(self.shards)})"
+            )
+        for alias in self.shards:
+            _verify(self.stores[alias], self.shards)
+        return moves.move_session(self, session_id, to)
 
     def shard(self, session_id: str) -> MemoryStore:
         """The store of ``session_id``'s shard: every call about that session goes to it.
         ImproperlyConfigured if the shard records another list of shards than this store's
         (checked once per process and shard); MemoryUnavailable naming the shard if its
         database cannot be asked."""
-        alias = self.place(session_id)
+        alias = self.locate(session_id)
         try:
             return self._checked(alias)
         except MemoryUnavailable as error:
@@ -466,7 +573,11 @@ class ShardedCheckpoints:
         self.store = store
 
     def alias(self, thread_id: str) -> str:
-        return _place(thread_id, self.store.shards)
+        return self.store.locate(thread_id)
+
+    def _thread(self, thread_id: str, call: Callable[[Any], Any], *, read: bool = False) -> Any:
+        """``call(the chains of the thread's shard)``, following the thread if it moved."""
+        return self.store.follow(thread_id, lambda store: call(store.checkpoints), read=read)
 
     def of(self, thread_id: str) -> Any:
         """The chains of ``thread_id``'s shard."""
@@ -492,27 +603,46 @@ class ShardedCheckpoints:
         return grouped
 
     def put(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._on(self.alias(thread_id), lambda p: p.put(thread_id, *args, **kwargs))
+        return self._thread(thread_id, lambda p: p.put(thread_id, *args, **kwargs))
 
     def put_writes(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._on(self.alias(thread_id), lambda p: p.put_writes(thread_id, *args, **kwargs))
+        return self._thread(thread_id, lambda p: p.put_writes(thread_id, *args, **kwargs))
 
     def get(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._on(self.alias(thread_id), lambda p: p.get(thread_id, *args, **kwargs))
+        return self._thread(thread_id, lambda p: p.get(thread_id, *args, **kwargs), read=True)
 
     def delta_history(self, thread_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._on(
-            self.alias(thread_id), lambda p: p.delta_history(thread_id, *args, **kwargs)
+        return self._thread(
+            thread_id, lambda p: p.delta_history(thread_id, *args, **kwargs), read=True
         )
 
+    def _again_if_moved(self, work: Callable[[], Any]) -> Any:
+        """``work()`` (a call over several threads, each part of which can be done again), again
+        if a thread moved to another shard while it ran."""
+        for _try in range(len(self.store.shards)):
+            try:
+                return work()
+            except SessionMoved as moved:
+                self.store.moved(moved.session_id, moved.shard)
+        return work()
+
     def delete_threads(self, thread_ids: Iterable[str]) -> None:
-        for alias, ids in sorted(self._by_shard(thread_ids).items()):
-            self._on(alias, lambda p, ids=ids: p.delete_threads(ids))
+        thread_ids = list(thread_ids)
+
+        def work() -> None:
+            for alias, ids in sorted(self._by_shard(thread_ids).items()):
+                self._on(alias, lambda p, ids=ids: p.delete_threads(ids))
+
+        self._again_if_moved(work)
 
     def delete_runs(self, run_ids: Iterable[str]) -> None:
         run_ids = list(run_ids)
-        for alias in self.store.shards:
-            self._on(alias, lambda p: p.delete_runs(run_ids))
+
+        def work() -> None:
+            for alias in self.store.shards:
+                self._on(alias, lambda p: p.delete_runs(run_ids))
+
+        self._again_if_moved(work)
 
     def prune(
         self,
@@ -524,6 +654,15 @@ class ShardedCheckpoints:
         """Each shard's threads pruned on that shard -- after every shard was asked whether one
         uses a ``DeltaChannel``: if one does, nothing is pruned anywhere (``NotImplementedError``
         naming them, as on one database)."""
+        thread_ids = list(thread_ids)
+        self._again_if_moved(lambda: self._prune(thread_ids, keep_latest, needs_history))
+
+    def _prune(
+        self,
+        thread_ids: list[str],
+        keep_latest: bool,
+        needs_history: Callable[[Any], bool] | None,
+    ) -> None:
         grouped = sorted(self._by_shard(thread_ids).items())
         if keep_latest and needs_history is not None:
             refused: set[str] = set()
@@ -539,6 +678,9 @@ class ShardedCheckpoints:
             )
 
     def copy_thread(self, source: str, target: str) -> None:
+        self._again_if_moved(lambda: self._copy_thread(source, target))
+
+    def _copy_thread(self, source: str, target: str) -> None:
         origin, destination = self.alias(source), self.alias(target)
         if origin == destination:
             self._on(destination, lambda p: p.copy_thread(source, target))
@@ -561,9 +703,10 @@ class ShardedCheckpoints:
         order left it (its own cursor on the last one's shard; before or after every row of the
         same id on the others)."""
         if thread_id is not None:
-            return self._on(
-                self.alias(thread_id),
+            return self._thread(
+                thread_id,
                 lambda p: p.page(thread_id, checkpoint_ns, checkpoint_id, before, after, size),
+                read=True,
             )
         pages = []
         for alias in self.store.shards:

@@ -7,6 +7,7 @@ runs no SQL and holds no transaction of its own; transient errors are retried by
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from collections import Counter
@@ -21,7 +22,7 @@ from .cache import MemoryCache
 from .checkpoints import CheckpointPath
 from .conf import get_config
 from .defects import Defect, Defects
-from .errors import InvalidMemory
+from .errors import InvalidMemory, SessionMoved
 from .logs import LogPath
 from .models import Op
 from .reads import ReadPath
@@ -62,6 +63,7 @@ class MemoryStore:
         row_lock: bool = True,
         defects: Iterable[Defect | str] = (),
         index: Index | None = _INDEX_FROM_SETTINGS,
+        gated: bool = False,
     ) -> None:
         """``using``: the database alias (default ``AGENTMEMORY["DATABASE"]``); ``cache``: the
         cache alias of the Redis tier, or None (default ``AGENTMEMORY["CACHE"]``);
@@ -71,7 +73,11 @@ class MemoryStore:
         what the other overwrote (each test has data of its own). ``row_lock=False`` is the unsafe seam
         (see :class:`~agentmemory.writes.WritePath`) and ``defects`` the planted bugs of
         :mod:`agentmemory.defects`: for memcheck and tests, never for data. ``index``: the
-        semantic index of :meth:`search` (default ``AGENTMEMORY["SEARCH"]``; None: no search)."""
+        semantic index of :meth:`search` (default ``AGENTMEMORY["SEARCH"]``; None: no search).
+        ``gated``: a shard's store (a :class:`~agentmemory.ShardedStore` makes its own so):
+        each write first passes its session's gate, so that sessions can be moved between
+        shards online (:mod:`agentmemory.moves`); a write of a session moved away raises
+        :class:`~agentmemory.SessionMoved`."""
         config = get_config()
         #: How values are embedded for :meth:`search`, or None.
         self.index: Index | None = settings_index() if index is _INDEX_FROM_SETTINGS else index
@@ -91,6 +97,7 @@ class MemoryStore:
         )
         self.row_lock = row_lock
         self._retrier = Retrier(self.using, retry=Defect.NOT_RETRIED not in self.defects)
+        self._retrier.gated = gated and Defect.UNGATED_WRITES not in self.defects
         self._writes = WritePath(
             self.using, self.cache, self._retrier, row_lock=row_lock, defects=self.defects
         )
@@ -304,7 +311,8 @@ class MemoryStore:
         while True:
             due = self._reads.due(batch)
             for session_id, key in due:
-                purged += self._writes.retire(session_id, key, Op.EXPIRE)
+                with contextlib.suppress(SessionMoved):  # moved since: its shard purges it
+                    purged += self._writes.retire(session_id, key, Op.EXPIRE)
             done += len(due)
             if progress is not None and due:
                 progress(done, max(total, done))
@@ -313,7 +321,8 @@ class MemoryStore:
         while True:
             due_logs = self._logs.due(batch)
             for session_id, stream in due_logs:
-                purged += self._logs.expire(session_id, stream)
+                with contextlib.suppress(SessionMoved):
+                    purged += self._logs.expire(session_id, stream)
             done += len(due_logs)
             if progress is not None:
                 progress(done, max(total, done))

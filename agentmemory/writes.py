@@ -189,7 +189,7 @@ class WritePath:
             return len(seen)
 
         with self._only_write():
-            return self.retrier.atomic(attempt)
+            return self.retrier.atomic(attempt, sessions=(session_id,))
 
     def retire(self, session_id: str, key: str, op: str) -> bool:
         """A ``forget`` or due ``expire`` version of one key (``forget_session``,
@@ -232,7 +232,7 @@ class WritePath:
         """A single blind write on PostgreSQL without a cache tier, outside any transaction: the
         one-statement write in autocommit, one round trip. (With Redis, the tombstone must go in
         between the statement and its COMMIT, so that path keeps its transaction.)"""
-        if self.cache is not None or len(changes) != 1:
+        if self.cache is not None or len(changes) != 1 or self.retrier.gated:
             return False
         change = next(iter(changes.values()))
         if not change.blind or change.caller_request_id or not self._fast:
@@ -262,7 +262,9 @@ class WritePath:
 
     def _locked_write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         observed = None if self.row_lock else self._observe(session_id, sorted(changes))
-        return self.retrier.atomic(self._locked_attempt(session_id, changes, observed))
+        return self.retrier.atomic(
+            self._locked_attempt(session_id, changes, observed), sessions=(session_id,)
+        )
 
     def _locked_attempt(
         self, session_id: str, changes: dict[str, Change], observed: Any

@@ -118,6 +118,11 @@ def not_applicable(
         )
     if defect in ADK_DEFECTS and "adk" not in workloads:
         return "the adk workload does not run (google-adk is not installed, or --workloads)"
+    if defect is Defect.UNGATED_WRITES:
+        return (
+            "memcheck runs each shard on its own, so no session moves under it: "
+            "tests/test_moves.py shows what this defect loses"
+        )
     if defect is Defect.MCP_SHARED_SESSIONS and not importable("mcp"):
         return "the MCP SDK is not installed (pip install '.[mcp]'): nothing runs --via mcp"
     if defect in CHECKPOINT_DEFECTS and "checkpoint" not in workloads:
