@@ -16,8 +16,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from agentmemory import InvalidMemory, SessionMoved, ShardedStore
-from agentmemory.defects import Defect
-from agentmemory.defects import hold_next_gate_wait, hold_next_move
+from agentmemory.defects import Defect, hold_next_gate_wait, hold_next_move
 from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.models import GateState, SessionGate
 from agentmemory.moves import session_rows
@@ -188,7 +187,7 @@ def test_writers_racing_many_moves_lose_and_double_nothing(sharded):
                 with progress:
                     written[0] += 1
                     progress.notify_all()
-        except BaseException as error:  # noqa: BLE001 -- reported by the test
+        except BaseException as error:
             errors.append(error)
         finally:
             with progress:
@@ -204,8 +203,9 @@ def test_writers_racing_many_moves_lose_and_double_nothing(sharded):
         moves += 1
         with progress:
             progress.wait_for(
-                lambda seen=seen: written[0] > seen
-                or not any(thread.is_alive() for thread in threads),
+                lambda seen=seen: (
+                    written[0] > seen or not any(thread.is_alive() for thread in threads)
+                ),
                 timeout=30,
             )
     for thread in threads:
@@ -216,9 +216,7 @@ def test_writers_racing_many_moves_lose_and_double_nothing(sharded):
     assert sharded.recall(session, "n").value == total
     assert [v.version for v in sharded.history(session, "n", limit=1000)] == list(
         range(total, 0, -1)
-    ) or [v.version for v in sharded.history(session, "n", limit=1000)] == list(
-        range(1, total + 1)
-    )
+    ) or [v.version for v in sharded.history(session, "n", limit=1000)] == list(range(1, total + 1))
     items = [item.value for item in sharded.read_log(session, "items", limit=1000)]
     assert sorted(items) == sorted(f"{n}-{i}" for n in range(writers) for i in range(each))
     here = sharded.locate(session)
