@@ -37,7 +37,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -55,6 +55,7 @@ from .models import (
     LogItem,
     Memory,
     MemoryVersion,
+    PendingInvalidation,
     SessionGate,
 )
 
@@ -71,6 +72,8 @@ __all__ = [
     "resume_moves",
     "session_rows",
 ]
+
+T = TypeVar("T")
 
 #: Seconds a write waits at a closed gate (a session being moved) before it gives up with
 #: ``MemoryUnavailable``: a move of a session of ordinary size takes milliseconds; a mover that
@@ -199,13 +202,38 @@ def through_gates(
 # ---------------------------------------------------------------------- the mover
 
 
-def _close(using: str, session_id: str, state: str, peer: str) -> None:
-    """In the current transaction: the session's gate on ``using`` in ``state`` (exclusively:
-    every write that passed the gate before has committed when this returns on PostgreSQL)."""
+def _in_transaction(using: str, work: Callable[[], T]) -> T:
+    """``work()`` in a transaction on ``using``, retried as a whole on a transient error (a
+    deadlock, a Galera certification conflict, a dropped connection): each step of a move can be
+    done again."""
+    from .retries import Retrier
+
+    def attempt(_retry: bool) -> T:
+        with transaction.atomic(using=using):
+            return work()
+
+    return Retrier(using).run(attempt)
+
+
+def _lock(using: str, session_id: str) -> str:
+    """In the current transaction: the session's gate on ``using`` held exclusively -- every
+    write that passed it has committed, and none can pass until the transaction ends -- and its
+    state."""
     connection = connections[using]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_key(session_id)])
+    found = (
+        SessionGate.objects.using(using)
+        .select_for_update()
+        .filter(session_id=session_id)
+        .values_list("state", flat=True)
+    )
+    return next(iter(found), GateState.OPEN)
+
+
+def _set(using: str, session_id: str, state: str, peer: str) -> None:
+    """In the current transaction, the gate locked (:func:`_lock`): its new state."""
     SessionGate.objects.using(using).update_or_create(
         session_id=session_id,
         defaults={"state": state, "peer": peer, "changed_at": timezone.now()},
@@ -213,12 +241,11 @@ def _close(using: str, session_id: str, state: str, peer: str) -> None:
 
 
 def _open(using: str, session_id: str) -> None:
-    with transaction.atomic(using=using):
-        connection = connections[using]
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_key(session_id)])
+    def work() -> None:
+        _lock(using, session_id)
         SessionGate.objects.using(using).filter(session_id=session_id).delete()
+
+    _in_transaction(using, work)
 
 
 #: Each table of a session's rows: (model, the filter that finds the session's rows, the
@@ -345,8 +372,18 @@ def move_session(store: ShardedStore, session_id: str, target: str) -> MoveRepor
     source = store.locate(session_id)
     if source == target:
         return MoveReport(session_id, source, target, 0, 0.0)
-    with transaction.atomic(using=source):
-        _close(source, session_id, GateState.MOVING, target)
+
+    def close() -> None:
+        state = _lock(source, session_id)
+        if state != GateState.OPEN:
+            raise MemoryUnavailable(
+                f"session {session_id!r} is {state} on shard {source!r}: another move of it "
+                "runs or did not finish (`manage.py move_sessions --resume` finishes it); "
+                "nothing was moved"
+            )
+        _set(source, session_id, GateState.MOVING, target)
+
+    _in_transaction(source, close)
     rows = _copy(store, session_id, source, target)
     failpoint_move_copied(session_id)
     _finish(store, session_id, source, target)
@@ -356,19 +393,21 @@ def move_session(store: ShardedStore, session_id: str, target: str) -> MoveRepor
 
 def _copy(store: ShardedStore, session_id: str, source: str, target: str) -> int:
     """Steps 2: the rows on ``target``, incoming, compared with the source's (read-only now)."""
-    with transaction.atomic(using=source):
-        rows = session_rows(source, session_id)
-    with transaction.atomic(using=target):
-        state, _peer = gate_states(target, [session_id]).get(session_id, (GateState.OPEN, ""))
+    rows = _in_transaction(source, lambda: session_rows(source, session_id))
+
+    def write() -> None:
+        state = _lock(target, session_id)
         leftovers = any(session_rows(target, session_id).values())
-        if leftovers and state not in (GateState.INCOMING, GateState.MOVED):
+        if state == GateState.MOVING or (leftovers and state != GateState.INCOMING):
             raise MemoryUnavailable(
                 f"session {session_id!r} has rows on shard {target!r} too, where it is {state}: "
                 "it cannot be moved there (two copies of one session; see docs/scaling.md)"
             )
-        _close(target, session_id, GateState.INCOMING, source)
+        _set(target, session_id, GateState.INCOMING, source)
         _delete_rows(target, session_id)  # what an earlier, unfinished copy left
         _insert_rows(target, rows)
+
+    _in_transaction(target, write)
     copied = session_rows(target, session_id)
     if copied != rows:
         different = sorted(name for name in rows if rows[name] != copied.get(name))
@@ -382,8 +421,10 @@ def _copy(store: ShardedStore, session_id: str, source: str, target: str) -> int
 def _finish(store: ShardedStore, session_id: str, source: str, target: str) -> None:
     """Steps 3 and 4: the source's rows deleted and its gate moved, then the target open."""
     cache = store.stores[source].cache
-    with transaction.atomic(using=source):
-        _close(source, session_id, GateState.MOVED, target)
+
+    def switch() -> None:
+        _lock(source, session_id)
+        _set(source, session_id, GateState.MOVED, target)
         if cache is not None:
             versions = dict(
                 Memory.objects.using(source)
@@ -391,14 +432,16 @@ def _finish(store: ShardedStore, session_id: str, source: str, target: str) -> N
                 .values_list("key", "version")
             )
             if versions:
+                # Tombstones before the commit: a reader of this shard's tier misses from the
+                # moment the rows are gone, even if this process dies before it drops them.
                 ahead = {key: version + 1 for key, version in versions.items()}
                 if not cache.writing(session_id, ahead):
-                    from .models import PendingInvalidation
-
                     PendingInvalidation.record(source, session_id, sorted(versions))
                 keys = sorted(versions)
                 transaction.on_commit(lambda: cache.erased(session_id, keys), using=source)
         _delete_rows(source, session_id)
+
+    _in_transaction(source, switch)
     _open(target, session_id)
 
 
@@ -423,10 +466,13 @@ def resume_moves(store: ShardedStore, report: Callable[[str], None] = lambda _li
                 report(f"{gate.session_id!r}: opened on {alias!r}")
                 finished += 1
             elif state != GateState.MOVING:
-                with transaction.atomic(using=alias):
-                    _close(alias, gate.session_id, GateState.INCOMING, gate.peer)
-                    _delete_rows(alias, gate.session_id)
-                    SessionGate.objects.using(alias).filter(session_id=gate.session_id).delete()
+
+                def drop(alias: str = alias, session_id: str = gate.session_id) -> None:
+                    _lock(alias, session_id)
+                    _delete_rows(alias, session_id)
+                    SessionGate.objects.using(alias).filter(session_id=session_id).delete()
+
+                _in_transaction(alias, drop)
                 report(f"{gate.session_id!r}: an unfinished copy dropped from {alias!r}")
     return finished
 

@@ -475,7 +475,15 @@ class ShardedStore:
             *found.values(),
             key=lambda hit: (-hit.score, hit.created_at, hit.session_id, hit.key),
         )
-        return list(merged)[offset : offset + limit]
+        # A session being moved is on two shards for a moment (its copy, then its rows deleted
+        # from the shard it leaves): each memory once.
+        seen: set[tuple[str, str]] = set()
+        hits = []
+        for hit in merged:
+            if (hit.session_id, hit.key) not in seen:
+                seen.add((hit.session_id, hit.key))
+                hits.append(hit)
+        return hits[offset : offset + limit]
 
     def purge_expired(
         self,

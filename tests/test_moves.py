@@ -15,12 +15,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from agentmemory import InvalidMemory, SessionMoved, ShardedStore
+from agentmemory import Index, InvalidMemory, MemoryUnavailable, SessionMoved, ShardedStore
 from agentmemory.defects import Defect, hold_next_gate_wait, hold_next_move
 from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.models import GateState, SessionGate
 from agentmemory.moves import session_rows
 from agentmemory.sharding import forget_checked
+from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
 from .test_langgraph_checkpointer import config, put_step
@@ -361,3 +362,33 @@ def test_a_mover_that_died_leaves_the_session_readable_and_resume_finishes_it(sh
     after = reads(store, session)
     assert after[0] == {"step": 9} and after[1] == [1, 2, 3, 4] and after[2:] == before[2:]
     assert "0 unfinished move(s) finished" in run("--resume")
+
+
+def test_a_second_move_of_a_session_being_moved_is_refused_and_changes_nothing(sharded):
+    session = session_on(sharded, "default")
+    sharded.remember(session, "plan", "a")
+    held = hold_next_move(lambda s, _keys: s == session)
+    mover = started(sharded.move, session, "other")
+    assert held.reached.wait(10)
+    with pytest.raises(MemoryUnavailable, match="is moving on shard 'default'"):
+        sharded.move(session, "other")
+    assert gate("default", session) == (GateState.MOVING, "other")
+    held.release()
+    mover.join(10)
+    assert sharded.locate(session) == "other" and sharded.recall(session, "plan").value == "a"
+
+
+def test_a_search_over_every_shard_lists_a_session_being_moved_once():
+    sharded = ShardedStore(
+        SHARDS, cache=None, index=Index(embed=HashEmbedder(16), dims=16, fields=["$"])
+    )
+    session = session_on(sharded, "default")
+    sharded.remember(session, "note", "the blue kite")
+    held = hold_next_move(lambda s, _keys: s == session)
+    mover = started(sharded.move, session, "other")
+    assert held.reached.wait(10)  # copied to 'other', not deleted from 'default' yet
+    assert all(session_rows(alias, session)["Memory"] for alias in SHARDS)
+    hits = sharded.search_sessions("", "blue kite", limit=10)
+    held.release()
+    mover.join(10)
+    assert [(hit.session_id, hit.key) for hit in hits] == [(session, "note")]

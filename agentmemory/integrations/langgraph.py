@@ -336,7 +336,12 @@ class AgentMemoryStore(BaseStore):
             ),
             key=lambda row: (row.session_id, row.key),
         )
+        last = None
         for row in rows:
+            # A namespace being moved is on two shards for a moment: each item once.
+            if (row.session_id, row.key) == last:
+                continue
+            last = (row.session_id, row.key)
             if not is_live(row.state, row.expires_at, now):
                 continue
             if op.filter and not matches(row.value, op.filter):
