@@ -228,7 +228,8 @@ class CheckpointPath:
     @instrumented("checkpoint.delete_threads", ())
     def delete_threads(self, thread_ids: Iterable[str]) -> None:
         """Delete every chain of these threads with its checkpoints, blobs and writes."""
-        self._delete(Q(thread_id__in=list(thread_ids)))
+        thread_ids = list(thread_ids)
+        self._delete(Q(thread_id__in=thread_ids), thread_ids)
 
     @instrumented("checkpoint.delete_runs", ())
     def delete_runs(self, run_ids: Iterable[str]) -> None:
@@ -860,7 +861,11 @@ class CheckpointPath:
             parts += self._run(statement, [*some_writes, *some_blobs])
         return parts
 
-    def _delete(self, heads: Q) -> None:
+    def _delete(self, heads: Q, thread_ids: Sequence[str] = ()) -> None:
+        """Delete the chains ``heads`` selects; ``thread_ids``: the threads asked for, whose
+        gates the delete passes (on a shard, one that moved away raises ``SessionMoved``
+        instead of deleting nothing here)."""
+
         def attempt(_retry: bool) -> None:
             # The threads' gates before any row lock, as every write passes them.
             self.retrier.pass_gates(
@@ -891,7 +896,7 @@ class CheckpointPath:
             CheckpointThread.objects.using(self.using).filter(id__in=ids).delete()
 
         with one_write_at_a_time(self.using):
-            self.retrier.atomic(attempt)
+            self.retrier.atomic(attempt, sessions=thread_ids)
 
 
 #: How many ancestors one statement of :meth:`CheckpointPath.delta_history` walks: first (a

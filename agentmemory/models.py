@@ -318,6 +318,10 @@ class ShardMap(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True)
     shards = models.JSONField()
     recorded_at = models.DateTimeField(default=timezone.now)
+    #: How many sessions have moved away from this database (:mod:`agentmemory.moves`): a read
+    #: of several statements compares it before and after, and reads again if a move ended in
+    #: between (a session moved away and back has new row ids).
+    moves = models.PositiveBigIntegerField(default=0, db_default=0)
 
     def __str__(self) -> str:
         return f"shards {', '.join(self.shards)} (recorded {self.recorded_at})"

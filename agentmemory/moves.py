@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from .defects import failpoint_gate_closed, failpoint_move_copied
@@ -57,6 +58,7 @@ from .models import (
     MemoryVersion,
     PendingInvalidation,
     SessionGate,
+    ShardMap,
 )
 
 if TYPE_CHECKING:
@@ -143,6 +145,12 @@ def gate_states(using: str, session_ids: Iterable[str]) -> dict[str, tuple[str, 
         .values_list("session_id", "state", "peer")
     )
     return {session: (state, peer) for session, state, peer in rows}
+
+
+def moves_out(using: str) -> int:
+    """How many sessions have moved away from ``using`` so far (0 before the first)."""
+    found = ShardMap.objects.using(using).filter(pk=ShardMap.ONLY).values_list("moves", flat=True)
+    return next(iter(found), 0)
 
 
 def moved_to(using: str, session_id: str) -> str | None:
@@ -440,6 +448,7 @@ def _finish(store: ShardedStore, session_id: str, source: str, target: str) -> N
                 keys = sorted(versions)
                 transaction.on_commit(lambda: cache.erased(session_id, keys), using=source)
         _delete_rows(source, session_id)
+        ShardMap.objects.using(source).filter(pk=ShardMap.ONLY).update(moves=F("moves") + 1)
 
     _in_transaction(source, switch)
     _open(target, session_id)

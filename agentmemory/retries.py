@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import moves, telemetry
+from . import telemetry
 from .conf import get_config
 from .defects import failpoint_commit_answer
 from .errors import MemoryUnavailable
@@ -119,6 +119,8 @@ class Retrier:
             connection = connections[self.using]
         gated = self.gated and bool(sessions)
         tried = False
+        if self.gated:
+            from . import moves  # its models: not at import (the adapters import this module)
 
         def in_transaction(retry: bool) -> T:
             nonlocal tried
@@ -145,6 +147,8 @@ class Retrier:
         """Inside an attempt of :meth:`atomic`: pass the gates of sessions the attempt found
         (a delete of several threads); nothing on a store that is not a shard's."""
         if self.gated:
+            from . import moves
+
             moves.pass_gate(connection, sessions)
 
     def _confirmed(self, attempt: Callable[[bool], T], connection: Any) -> Callable[[bool], T]:

@@ -26,8 +26,10 @@ The adapters take either store. LangGraph's checkpointer places each thread's ch
 thread id's shard (:class:`ShardedCheckpoints`: a listing of every thread merges the shards';
 ``delete_for_runs`` runs on each; ``copy_thread`` copies across two shards). ADK's session
 service keeps an app's listing and each session in one transaction, so it takes one shard's store.
-What is not sharded yet: moving sessions between shards (docs/scaling.md says what adding a shard
-takes today).
+
+Sessions move between shards online (:meth:`ShardedStore.move`, :mod:`agentmemory.moves`): each
+shard's store is *gated* -- its writes pass their session's gate -- and a call that finds its
+session moved follows it to the shard it lives on (:meth:`ShardedStore.follow`).
 """
 
 from __future__ import annotations
@@ -242,6 +244,13 @@ READS = frozenset(
     }
 )
 
+#: The reads of several statements, whose row ids one statement passes to the next: a session
+#: moved away and back between them has new ids, so such a read compares the shard's count of
+#: moves before and after (:func:`agentmemory.moves.moves_out`) and reads again if it changed.
+SEVERAL_STATEMENTS = frozenset(
+    {"recall_many", "history", "search", "read_log", "log_history", "forget_session"}
+)
+
 #: How many times one call follows its session to another shard before it gives up: a session
 #: moved again while the call follows it is followed again.
 MAX_HOPS = 32
@@ -254,6 +263,7 @@ FORWARDS_MAX = 65536
 def _routed(name: str) -> Callable[..., Any]:
     method = getattr(MemoryStore, name)
     read = name in READS
+    several = name in SEVERAL_STATEMENTS
 
     @functools.wraps(method)
     def routed(self: ShardedStore, *args: Any, **kwargs: Any) -> Any:
@@ -264,7 +274,10 @@ def _routed(name: str) -> Callable[..., Any]:
         else:
             raise TypeError(f"{name}() missing required argument: 'session_id'")
         return self.follow(
-            session_id, lambda store: getattr(store, name)(*args, **kwargs), read=read
+            session_id,
+            lambda store: getattr(store, name)(*args, **kwargs),
+            read=read,
+            several=several,
         )
 
     return routed
@@ -349,17 +362,35 @@ class ShardedStore:
         self._forwards[session_id] = alias
 
     def follow(
-        self, session_id: str, call: Callable[[MemoryStore], Any], *, read: bool = False
+        self,
+        session_id: str,
+        call: Callable[[MemoryStore], Any],
+        *,
+        read: bool = False,
+        several: bool = False,
     ) -> Any:
         """``call(store)`` on the store of the shard ``session_id`` lives on, as this process
         knows it: where a write finds the session moved (``SessionMoved``), or a ``read`` finds
-        nothing and the shard's gate says it moved, the call goes on to the shard it moved to."""
+        nothing and the shard's gate says it moved, the call goes on to the shard it moved to.
+        A read of ``several`` statements runs again if a session moved away from the shard
+        while it ran (the shard's count of moves, read before and after, changed)."""
         home = self.place(session_id)  # the id checked first
         alias = self._forwards.get(session_id, home)
         for _hop in range(MAX_HOPS):
             try:
-                result = call(self._checked(alias))
+                store = self._checked(alias)
+                before = self._moves_out(alias) if several else 0
+                result = call(store)
+                if several and self._moves_out(alias) != before:
+                    continue  # a move ended meanwhile: read again, wherever it lives now
             except SessionMoved as moved:
+                if any(connections[shard].in_atomic_block for shard in self.shards):
+                    # In a transaction of the caller's on a shard, the call cannot go on to
+                    # another shard: its rollback would not reach it.
+                    raise MemoryUnavailable(
+                        f"session {session_id!r} moved from shard {alias!r} to {moved.shard!r} "
+                        "during a transaction of the caller's; retry the transaction"
+                    ) from moved
                 peer: str | None = moved.shard
             except MemoryUnavailable as error:
                 raise _named(alias, error) from error
@@ -372,6 +403,13 @@ class ShardedStore:
             self.moved(session_id, peer)
             alias = peer
         raise self._lost(session_id)
+
+    def _moves_out(self, alias: str) -> int:
+        store = self.stores[alias]
+        try:
+            return store._retrier.read(lambda: moves.moves_out(alias))
+        except MemoryUnavailable as error:
+            raise _named(alias, error) from error
 
     def _moved_from(self, alias: str, session_id: str) -> str | None:
         store = self.stores[alias]
@@ -584,8 +622,11 @@ class ShardedCheckpoints:
         return self.store.locate(thread_id)
 
     def _thread(self, thread_id: str, call: Callable[[Any], Any], *, read: bool = False) -> Any:
-        """``call(the chains of the thread's shard)``, following the thread if it moved."""
-        return self.store.follow(thread_id, lambda store: call(store.checkpoints), read=read)
+        """``call(the chains of the thread's shard)``, following the thread if it moved (a read
+        of a chain is several statements: see :meth:`ShardedStore.follow`)."""
+        return self.store.follow(
+            thread_id, lambda store: call(store.checkpoints), read=read, several=read
+        )
 
     def of(self, thread_id: str) -> Any:
         """The chains of ``thread_id``'s shard."""
@@ -694,7 +735,13 @@ class ShardedCheckpoints:
             self._on(destination, lambda p: p.copy_thread(source, target))
             return
         self._path(origin)  # the source's shard checked too
+        before = self.store._moves_out(origin)
         self._on(destination, lambda p: p.copy_thread(source, target, source_using=origin))
+        if self.store._moves_out(origin) != before:
+            # A thread moved away from the source's shard while it was read: if it was the
+            # source, the copy may be short -- made again, from where it lives now.
+            peer = self.store._moved_from(origin, source) or origin
+            raise SessionMoved(source, origin, peer)
 
     def page(
         self,

@@ -29,8 +29,10 @@ from ..defects import (
     Defect,
 )
 from .checker import DATABASE_OWN
+from .faults import FaultsUnavailable
 from .mcp import WORKLOADS as MCP_WORKLOADS
 from .runner import RunResult, make_store, run_memcheck
+from .sharded import run_across_shards, shards_for_moves
 from .workloads import WorkloadConfig, importable
 
 
@@ -118,11 +120,6 @@ def not_applicable(
         )
     if defect in ADK_DEFECTS and "adk" not in workloads:
         return "the adk workload does not run (google-adk is not installed, or --workloads)"
-    if defect is Defect.UNGATED_WRITES:
-        return (
-            "memcheck runs each shard on its own, so no session moves under it: "
-            "tests/test_moves.py shows what this defect loses"
-        )
     if defect is Defect.MCP_SHARED_SESSIONS and not importable("mcp"):
         return "the MCP SDK is not installed (pip install '.[mcp]'): nothing runs --via mcp"
     if defect in CHECKPOINT_DEFECTS and "checkpoint" not in workloads:
@@ -186,8 +183,21 @@ def run_self_test(
             defects=planted,
         )
 
+    def run_moves(planted: tuple[Defect, ...], seed: int) -> RunResult:
+        # Sessions moved between shards under the workload: the database and another shard
+        # (AGENTMEMORY["SHARDS"], or a SQLite shard of memcheck's own).
+        with shards_for_moves(database) as shards:
+            return run_across_shards(
+                shards, dataclasses.replace(config, seed=seed), defects=planted
+            )
+
     real = Outcome(REAL, "the store as it ships")
     _record(real, run((), config.seed))
+    try:
+        _record(real, run_moves((), config.seed), merge=True)
+        moves_reason = ""
+    except FaultsUnavailable as exc:
+        moves_reason = str(exc)
     outcomes.append(real)
     if on_outcome:
         on_outcome(real)
@@ -196,9 +206,12 @@ def run_self_test(
         outcome.reason = not_applicable(
             defect, cache=cache, vendor=vendor, faults=faults, workloads=config.workloads
         )
+        if defect is Defect.UNGATED_WRITES and not outcome.reason:
+            outcome.reason = moves_reason
         outcome.applicable = not outcome.reason
         for attempt in range(attempts if outcome.applicable else 0):
-            _record(outcome, run((defect,), config.seed + 1 + attempt))
+            runner = run_moves if defect is Defect.UNGATED_WRITES else run
+            _record(outcome, runner((defect,), config.seed + 1 + attempt))
             if outcome.caught:
                 break
         outcomes.append(outcome)
@@ -214,14 +227,17 @@ def run_self_test(
     )
 
 
-def _record(outcome: Outcome, result: RunResult) -> None:
+def _record(outcome: Outcome, result: RunResult, *, merge: bool = False) -> None:
+    """``result`` into ``outcome``: its anomalies replace the last run's (a variant's runs are
+    tries), or, ``merge``, add to them (the real store's second run, across shards)."""
     outcome.runs += 1
     outcome.operations += len(result.history.operations)
     outcome.seconds += result.seconds
     # What the database itself lost (a failover the run injected) is neither the real store's
     # failure nor a planted bug caught.
     found = [a for a in result.anomalies if a.check not in DATABASE_OWN]
-    outcome.caught = Counter(anomaly.check for anomaly in found)
+    caught = Counter(anomaly.check for anomaly in found)
+    outcome.caught = outcome.caught + caught if merge else caught
     outcome.fault_errors = list(result.fault_errors)
     if found:
         outcome.example = f"[{found[0].check}] {found[0].message}"

@@ -76,6 +76,7 @@ from ..errors import (
     CheckpointConflict,
     InvalidMemory,
     MemoryUnavailable,
+    SessionMoved,
     VersionConflict,
     VersionPruned,
 )
@@ -250,6 +251,20 @@ class ErasedRead(Exception):
 
 class RolledBack(Exception):
     """The caller rolls its transaction back on purpose."""
+
+
+def node_of(store: Any) -> str:
+    """What an operation's ``node`` says ran it: the store's database alias, or a ShardedStore's
+    shards (which one a session is on changes as it moves)."""
+    using = getattr(store, "using", None)
+    return using if using is not None else "+".join(store.shards)
+
+
+def caches_of(store: Any) -> list[Any]:
+    """The Redis tiers of a store: its own, or each shard's (none without a cache)."""
+    stores = getattr(store, "stores", None)
+    tiers = [one.cache for one in stores.values()] if stores is not None else [store.cache]
+    return [tier for tier in tiers if tier is not None]
 
 
 def new_run_id() -> str:
@@ -523,7 +538,7 @@ def _log_op(
     """A call of the log workload; without ``kind``, a read of every item (a read on the next
     node after a write, a final read)."""
     op = Operation(
-        op_id, client, kind or "log-read", session_id, stream, invoked_at=0.0, node=store.using
+        op_id, client, kind or "log-read", session_id, stream, invoked_at=0.0, node=node_of(store)
     )
     return logs.run_op(store, rng, op, _call, whole=kind is None)
 
@@ -542,7 +557,7 @@ def _checkpoint_op(
     """A call of the checkpoint workload; without ``kind``, a read of the latest checkpoint (a
     read on the next node after a write, a final read)."""
     op = Operation(
-        op_id, client, kind or "cp-read", session_id, key, invoked_at=0.0, node=store.using
+        op_id, client, kind or "cp-read", session_id, key, invoked_at=0.0, node=node_of(store)
     )
     return checkpoints.run_op(store, rng, op, _call, whole=whole)
 
@@ -558,7 +573,7 @@ def _adk_op(
 ) -> Operation:
     """A call of the ADK workload (a ``get_session`` by default: a read on the next node after
     a write, a final read)."""
-    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
+    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=node_of(store))
     return adk.run_op(store, rng, op, _call)
 
 
@@ -607,7 +622,7 @@ def _one_op(
     rng: random.Random,
 ) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key}
-    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=store.using)
+    op = Operation(op_id, client, kind, session_id, key, invoked_at=0.0, node=node_of(store))
     if kind not in ("recall", "forget", "version-read", "history-read"):
         op.value = token
         op.ttl = config.ttl if kind == "ttl-write" else _default_ttl()
@@ -687,9 +702,12 @@ def _one_op(
         rollback = rng.random() < 0.5
 
         def call() -> Any:
-            with transaction.atomic(using=store.using):
-                written = store.remember(session_id, key, token)
-                seen = store.recall(session_id, key)
+            # The shard's own store: its calls stay in the transaction (a ShardedStore's would
+            # follow a session that moved meanwhile to another shard, outside it).
+            shard = store.shard(session_id)
+            with transaction.atomic(using=shard.using):
+                written = shard.remember(session_id, key, token)
+                seen = shard.recall(session_id, key)
                 if seen is None or (seen.version, seen.value) != (written.version, token):
                     found = f"v{seen.version}" if seen else "nothing"
                     raise OwnWriteMissed(
@@ -721,6 +739,7 @@ def _call(op: Operation, call: Callable[[], Any], *, in_transaction: bool = Fals
         InjectedFailure,
         logs.RetryAnsweredDifferently,
         CheckpointConflict,
+        SessionMoved,
         checkpoints.DeletedThreadRead,
         adk.StaleAppend,
     ) as exc:
@@ -789,7 +808,7 @@ def _many(
             session_id,
             key,
             invoked_at=0.0,
-            node=store.using,
+            node=node_of(store),
             value={"op": op_id, "s": session_id, "k": key},
             ttl=_default_ttl(),
         )
@@ -824,7 +843,7 @@ def _read_many(
     keys = config.keys_of("many")
     prefix = MANY_PREFIX if kind == "prefix-read" else None
     asked = [k for k in keys if k.startswith(MANY_PREFIX)] if prefix else keys
-    probe = Operation(op_id, client, kind, session_id, "*", invoked_at=0.0, node=store.using)
+    probe = Operation(op_id, client, kind, session_id, "*", invoked_at=0.0, node=node_of(store))
 
     def call() -> Any:
         if prefix is not None:
@@ -914,7 +933,7 @@ def _per_key(
             completed_at=probe.completed_at,
             status=probe.status,
             error=probe.error,
-            node=store.using,
+            node=node_of(store),
             source=source,
             prefix=prefix,
             query=query,
@@ -950,7 +969,7 @@ def _search_write(
         session_id,
         key,
         invoked_at=0.0,
-        node=store.using,
+        node=node_of(store),
         value=token,
         ttl=ttl or _default_ttl(),
     )
@@ -974,7 +993,7 @@ def _search(
     nothing: it must not have been live)."""
     keys = config.keys_of("search")
     query = " ".join(rng.sample(semantic.WORDS, 2))
-    probe = Operation(op_id, client, "search", session_id, "*", invoked_at=0.0, node=store.using)
+    probe = Operation(op_id, client, "search", session_id, "*", invoked_at=0.0, node=node_of(store))
     _call(probe, lambda: store.search(session_id, query, prefix="search-", limit=len(keys) + 1))
     found = {r.key: r for r in probe.result} if probe.status == "ok" else {}
     return _per_key(probe, store, keys, found, prefix="search-", source="database", query=query)
@@ -1028,7 +1047,7 @@ def _erase(store: MemoryStore, op_id: str, client: str, run_id: str) -> Operatio
     """In the client's own session: write two keys, read them (the cache fills), erase the
     session, read again: nothing may be left."""
     session_id = erase_session_id(run_id, client)
-    op = Operation(op_id, client, "erase", session_id, "*", invoked_at=0.0, node=store.using)
+    op = Operation(op_id, client, "erase", session_id, "*", invoked_at=0.0, node=node_of(store))
     keys = ["e-0", "e-1"]
 
     def call() -> int:
@@ -1096,7 +1115,14 @@ def _bad_call(
 ) -> Operation:
     token = {"op": op_id, "s": session_id, "k": key, "bad": label}
     op = Operation(
-        op_id, client, "bad-input", session_id, key, invoked_at=0.0, value=token, node=store.using
+        op_id,
+        client,
+        "bad-input",
+        session_id,
+        key,
+        invoked_at=0.0,
+        value=token,
+        node=node_of(store),
     )
     _call(op, lambda: bad(store, session_id, key, token))
     return op
@@ -1164,9 +1190,9 @@ def final_reads(
     # The workload writes nothing from here on: its TTLs have all passed by then.
     ttls_passed = time.monotonic() + config.ttl
     for store in stores:
-        if store.cache is not None:
-            deadline = time.monotonic() + 2 * store.cache.fence_seconds
-            while not store.cache.available and time.monotonic() < deadline:
+        for cache in caches_of(store):
+            deadline = time.monotonic() + 2 * cache.fence_seconds
+            while not cache.available and time.monotonic() < deadline:
                 time.sleep(0.05)
     families, _ = config.families
     rng = random.Random(0)
@@ -1193,7 +1219,7 @@ def final_reads(
             for index, session_id in enumerate(session_ids(run_id, config)):
                 for family in families:
                     for key in config.keys_of(family):
-                        op_id = f"final{round_}-{store.using}-{index}-{key}"
+                        op_id = f"final{round_}-{node_of(store)}-{index}-{key}"
                         if family in ("log", "sdk"):
                             op = _log_op(store, rng, op_id, "final", session_id, key)
                         elif family == "adk":
@@ -1237,7 +1263,7 @@ def final_reads(
                         history.extend(
                             _read_many(
                                 store,
-                                f"final2-{store.using}-{index}-prefix",
+                                f"final2-{node_of(store)}-{index}-prefix",
                                 "final",
                                 session_id,
                                 config,
@@ -1252,5 +1278,5 @@ def final_reads(
         time.sleep(max(0.0, ttls_passed - time.monotonic()))
         for store in stores:
             for index, session_id in enumerate(session_ids(run_id, config)):
-                op_id = f"final-search-{store.using}-{index}"
+                op_id = f"final-search-{node_of(store)}-{index}"
                 history.extend(_search(store, rng, op_id, "final", session_id, config))
