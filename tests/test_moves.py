@@ -9,26 +9,36 @@ databases, ``default`` (this run's backend) and ``other`` (SQLite): moves cross 
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections
 
 from agentmemory import Index, InvalidMemory, MemoryUnavailable, SessionMoved, ShardedStore
+from agentmemory.consistency.faults import FaultsUnavailable
+from agentmemory.consistency.sharded import SCRATCH_ALIAS, run_across_shards, shards_for_moves
+from agentmemory.consistency.workloads import WorkloadConfig
 from agentmemory.defects import Defect, hold_next_gate_wait, hold_next_move
 from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.models import GateState, SessionGate
 from agentmemory.moves import session_rows
-from agentmemory.sharding import forget_checked
+from agentmemory.sharding import forget_checked, record_shards
 from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
+from .helpers import child_database_url
 from .test_langgraph_checkpointer import config, put_step
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 SHARDS = ["default", "other"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -178,16 +188,19 @@ def test_writers_racing_many_moves_lose_and_double_nothing(sharded):
     writers, each = 3, 25
     errors: list[BaseException] = []
     progress = threading.Condition()
-    written = [0]
+    written, moved = [0], [0]
 
     def write(number: int) -> None:
         try:
             for i in range(each):
+                seen = moved[0]
                 sharded.update(session, "n", lambda n: (n or 0) + 1)
                 sharded.append(session, "items", [f"{number}-{i}"])
                 with progress:
                     written[0] += 1
                     progress.notify_all()
+                    if i % 5 == 4:  # a move between each five writes: every writer meets many
+                        progress.wait_for(lambda seen=seen: moved[0] > seen, timeout=30)
         except BaseException as error:
             errors.append(error)
         finally:
@@ -195,14 +208,14 @@ def test_writers_racing_many_moves_lose_and_double_nothing(sharded):
                 progress.notify_all()
 
     threads = [started(write, n) for n in range(writers)]
-    moves = 0
     # A move after each write that landed since the one before (a mover moving back to back
-    # starves every writer), for as long as the writers write: each move meets writes.
+    # starves every writer), for as long as the writers write.
     while any(thread.is_alive() for thread in threads):
         seen = written[0]
         sharded.move(session, elsewhere(sharded.locate(session)))
-        moves += 1
         with progress:
+            moved[0] += 1
+            progress.notify_all()
             progress.wait_for(
                 lambda seen=seen: (
                     written[0] > seen or not any(thread.is_alive() for thread in threads)
@@ -211,7 +224,7 @@ def test_writers_racing_many_moves_lose_and_double_nothing(sharded):
             )
     for thread in threads:
         thread.join(30)
-    assert moves >= 4
+    assert moved[0] >= each // 5
     assert not errors, errors
     total = writers * each
     assert sharded.recall(session, "n").value == total
@@ -392,3 +405,63 @@ def test_a_search_over_every_shard_lists_a_session_being_moved_once():
     held.release()
     mover.join(10)
     assert [(hit.session_id, hit.key) for hit in hits] == [(session, "note")]
+
+
+# ---------------------------------------------------------------------- memcheck
+
+
+def test_memcheck_across_shards_with_sessions_moving_finds_no_anomaly_on_the_real_store():
+    result = run_across_shards(SHARDS, WorkloadConfig(ops=600))
+    assert result.faults_injected.get("session-move", 0) >= 3, result.fault_errors
+    assert not result.anomalies, [a.as_dict() for a in result.anomalies[:5]]
+    assert result.history.operations
+    for alias in SHARDS:  # the run's sessions, threads and gates gone
+        assert not SessionGate.objects.using(alias).filter(session_id__startswith="memcheck-")
+        assert not any(session_rows(alias, key)["Memory"] for key in ("memcheck-",))
+
+
+SCRATCH_RUN = """
+import django, json
+django.setup()
+from django.conf import settings
+from django.db import connections
+from agentmemory.consistency.sharded import SCRATCH_ALIAS, run_across_shards, shards_for_moves
+from agentmemory.consistency.workloads import WorkloadConfig
+from agentmemory.models import SessionGate, ShardMap
+with shards_for_moves("default") as shards:
+    result = run_across_shards(shards, WorkloadConfig(ops=300, workloads=("register",)))
+print(json.dumps({
+    "shards": shards,
+    "moves": result.faults_injected.get("session-move", 0),
+    "anomalies": len(result.anomalies),
+    "left": [SCRATCH_ALIAS in settings.DATABASES, SCRATCH_ALIAS in connections.settings,
+             ShardMap.objects.exists(), SessionGate.objects.exists()],
+}))
+"""
+
+
+def test_a_run_with_moves_on_one_database_uses_a_shard_of_its_own_and_leaves_nothing():
+    """Without AGENTMEMORY["SHARDS"], memcheck moves sessions between the database and a SQLite
+    shard of its own (what ``--self-test`` does on any database), and leaves nothing behind. In
+    a process of its own: the test's database guard refuses an alias made during a test."""
+    env = {**os.environ, "DATABASE_URL": child_database_url()}
+    env.pop("OTHER_DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRATCH_RUN],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["shards"] == ["default", SCRATCH_ALIAS]
+    assert report["moves"] >= 1 and report["anomalies"] == 0, report
+    assert report["left"] == [False, False, False, False]
+
+
+def test_a_database_that_is_a_shard_of_another_list_is_refused_a_scratch_shard():
+    record_shards("default", ["default", "elsewhere"])
+    with pytest.raises(FaultsUnavailable, match="is a shard of"), shards_for_moves("default"):
+        pass

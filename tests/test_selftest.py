@@ -24,7 +24,7 @@ from agentmemory.models import Memory, MemoryVersion
 
 from .conftest import redis_alias
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 
 def stored_values(session_id: str) -> dict[str, object]:
@@ -103,7 +103,10 @@ def test_the_self_test_catches_every_variant_on_this_backend(settings):
     the rest say why they do not apply. With and without Redis: the cache variants apply only
     with it."""
     redis_alias()
-    code, out = run("--self-test", "--ops", "600", "--format", "json")
+    # The move variant's shards: this database and the suite's other (a run outside the tests,
+    # without AGENTMEMORY["SHARDS"], makes a SQLite shard of its own: tests/test_moves.py).
+    settings.AGENTMEMORY = {**settings.AGENTMEMORY, "SHARDS": ["default", "other"]}
+    code, out = run("--self-test", "--database", "default", "--ops", "600", "--format", "json")
     report = json.loads(out)
     # What failed first, by name (the whole report is long enough to be cut from CI's log).
     failed = {v["name"]: (v["runs"], v["caught"]) for v in report["variants"] if not v["passed"]}

@@ -319,10 +319,12 @@ def test_memcheck_without_database_runs_on_every_shard_and_gives_each_a_verdict(
     code, out = run_memcheck("--ops", "100", "--faults", "none")
     assert code == 0, out
     table = out[out.index("shard        vendor") :].splitlines()
-    assert [line.split()[0] for line in table[1:3]] == SHARDS
-    assert all(line.endswith(" ok") for line in table[1:3]), table
-    assert table[3] == "whole run: ok (2 shards)"
-    assert out.count("RESULT: no anomaly") == 2
+    # Each shard's run, then one across both with the run's sessions moving between them.
+    assert [line.split()[0] for line in table[1:4]] == [*SHARDS, "moves"]
+    assert all(line.endswith(" ok") for line in table[1:4]), table
+    assert table[4] == "whole run: ok (2 shards)"
+    assert out.count("RESULT: no anomaly") == 3
+    assert "session-move" in out[out.index("== moves") :]
 
 
 @pytest.mark.slow
@@ -339,7 +341,7 @@ def test_memcheck_across_shards_fails_when_the_shards_lose_updates(settings):
     report = json.loads(out)
     assert report["ok"] is False
     assert {alias: shard["verdict"] for alias, shard in report["shards"].items()} == {
-        alias: "NOT OK" for alias in SHARDS
+        alias: "NOT OK" for alias in [*SHARDS, "moves"]
     }
     for shard in report["shards"].values():
         assert shard["run"]["anomalies"], shard

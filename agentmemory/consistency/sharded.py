@@ -144,17 +144,22 @@ def run_across_shards(
     config: WorkloadConfig,
     *,
     defects: Iterable[Defect] = (),
+    unsafe: bool = False,
     keep: bool = False,
     progress: Callable[[], None] | None = None,
 ) -> RunResult:
     """One run through a ShardedStore over ``shards`` with the session-move fault (see the
-    module); the sessions are removed afterwards unless ``keep``."""
+    module); the sessions are removed afterwards unless ``keep``. ``unsafe``: the unlocked
+    write path, without the cache tier (``memcheck --unsafe``)."""
     shards = list(shards)
     config = replace(
         config, workloads=tuple(w for w in config.workloads if w not in SHARDED_WORKLOADS)
     )
     index = semantic.memcheck_index() if semantic.available() else None
-    store = ShardedStore(shards, defects=Defects(defects), index=index)
+    if unsafe:
+        store = ShardedStore(shards, cache=None, row_lock=False, index=index)
+    else:
+        store = ShardedStore(shards, defects=Defects(defects), index=index)
     run_id = new_run_id()
     warm_up(config)
     mover = Mover(store, run_id, config.seed)
@@ -206,7 +211,7 @@ def run_across_shards(
         run_id=run_id,
         database=",".join(shards),
         vendor=" + ".join(connections[alias].display_name for alias in shards),
-        unsafe=False,
+        unsafe=unsafe,
         config=config,
         history=history,
         anomalies=anomalies,

@@ -31,6 +31,7 @@ from ...consistency.report import (
 )
 from ...consistency.runner import Progress, RunResult, run_memcheck
 from ...consistency.selftest import Outcome, render_self_test, run_self_test
+from ...consistency.sharded import run_across_shards
 from ...consistency.workloads import DEFAULT_WORKLOADS, VIAS, WORKLOADS, WorkloadConfig
 from ...errors import MemoryUnavailable
 from ...models import Memory
@@ -80,6 +81,10 @@ def seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"seconds > 0, got {text}")
     return value
+
+
+#: The line of the shards' table for the run across every shard, its sessions moving.
+MOVES = "moves"
 
 
 class Command(BaseCommand):
@@ -417,8 +422,30 @@ class Command(BaseCommand):
             verdicts[alias] = ("NOT OK" if result.anomalies else "ok", result)
             if options["format"] != "json":
                 self.stdout.write(f"== shard {alias}\n" + render_text(result))
+        if len(shards) > 1 and all(r is not None for _, r in verdicts.values()):
+            # Then one run across them all, its sessions moved from shard to shard meanwhile.
+            self.stderr.write(f"memcheck: across shards {', '.join(shards)}, sessions moving")
+            config = self._config(options)
+            try:
+                with Progress(config.ops, config.seconds, stream=self.stderr._out) as progress:
+                    moved = run_across_shards(
+                        shards,
+                        config,
+                        unsafe=options["unsafe"],
+                        keep=options["keep"],
+                        progress=progress.tick,
+                    )
+            except (DatabaseError, MemoryUnavailable) as exc:
+                self.stderr.write(f"memcheck: the run across shards could not run: {exc}")
+                verdicts[MOVES] = (f"could not run: {exc}", None)
+            else:
+                verdicts[MOVES] = ("NOT OK" if moved.anomalies else "ok", moved)
+                if options["format"] != "json":
+                    self.stdout.write(f"== {MOVES}\n" + render_text(moved))
         ran = [r for _, r in verdicts.values() if r is not None]
-        ok = len(ran) == len(shards) and not any(r.anomalies for r in ran)
+        ok = len(ran) == len(verdicts) == len(shards) + (len(shards) > 1) and not any(
+            r.anomalies for r in ran
+        )
         if options["format"] == "json":
             self.stdout.write(
                 json.dumps(
@@ -438,11 +465,11 @@ class Command(BaseCommand):
             for alias, (verdict, r) in verdicts.items():
                 ops = str(len(r.history.operations)) if r else "-"
                 found = str(len(r.anomalies)) if r else "-"
-                vendor = connections[alias].vendor
+                vendor = "(all)" if alias == MOVES else connections[alias].vendor
                 lines.append(f"{alias:<12} {vendor:<12} {ops:>10}  {found:>9}  {verdict}")
             lines.append(f"whole run: {'ok' if ok else 'NOT OK'} ({len(shards)} shards)")
             self.stdout.write("\n".join(lines))
-        if len(ran) < len(shards):
+        if any(r is None for _, r in verdicts.values()):
             raise SystemExit(2)
         if not ok:
             raise SystemExit(1)
