@@ -33,13 +33,14 @@ read-only: ``manage.py move_sessions --resume`` finishes its moves (each step ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -60,6 +61,7 @@ from .models import (
     SessionGate,
     ShardMap,
 )
+from .sql import run
 
 if TYPE_CHECKING:
     from .sharding import ShardedStore
@@ -77,6 +79,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: The SQLSTATE of PostgreSQL's gate functions for a gate that is not open (migration 0016).
+GATE_STATE = "AMGT1"
+
 #: Seconds a write waits at a closed gate (a session being moved) before it gives up with
 #: ``MemoryUnavailable``: a move of a session of ordinary size takes milliseconds; a mover that
 #: died leaves the gate closed until ``move_sessions --resume``.
@@ -93,7 +98,7 @@ class GateClosed(Exception):
         self.closed = closed
 
 
-def _lock_key(session_id: str) -> int:
+def lock_key(session_id: str) -> int:
     """The PostgreSQL advisory lock of a session's gate: a signed 64-bit hash of its id."""
     digest = hashlib.blake2b(session_id.encode(), digest_size=8, person=b"agentmemory-gat")
     return int.from_bytes(digest.digest(), signed=True)
@@ -112,13 +117,17 @@ def pass_gate(connection: Any, session_ids: Iterable[str]) -> None:
         return
     table = _table(connection)
     marks = ", ".join(["%s"] * len(sessions))
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock_shared(k) FROM unnest(%s::bigint[]) AS k",
-                [[_lock_key(s) for s in sessions]],
+    if connection.vendor == "postgresql":
+        # The lock, then the read in a snapshot taken after it: one statement (migration 0016).
+        with gate_raised(sessions):
+            run(
+                connection,
+                "SELECT agentmemory_pass_gate(%s::bigint[], %s::text[])",
+                [[lock_key(s) for s in sessions], sessions],
             )
-        elif connection.vendor == "mysql":
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
             now = connection.ops.adapt_datetimefield_value(timezone.now())
             cursor.execute(
                 f"INSERT INTO {table} (session_id, state, peer, writes, changed_at) VALUES "
@@ -134,6 +143,18 @@ def pass_gate(connection: Any, session_ids: Iterable[str]) -> None:
         closed = cursor.fetchall()
     if closed:
         raise GateClosed(sorted(closed))
+
+
+@contextlib.contextmanager
+def gate_raised(sessions: Sequence[str]) -> Iterator[None]:
+    """PostgreSQL's gate functions (migration 0016) raise SQLSTATE ``AMGT1`` for a closed gate:
+    :class:`GateClosed` for these sessions (which one, and how it stands, is read afterwards)."""
+    try:
+        yield
+    except DatabaseError as error:
+        if getattr(error.__cause__, "sqlstate", None) != GATE_STATE:
+            raise
+        raise GateClosed([(s, "closed", "") for s in sessions]) from None
 
 
 def gate_states(using: str, session_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
@@ -230,7 +251,7 @@ def _lock(using: str, session_id: str) -> str:
     connection = connections[using]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_key(session_id)])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(session_id)])
     found = (
         SessionGate.objects.using(using)
         .select_for_update()
@@ -331,7 +352,8 @@ def _order(table: _Table, row: dict[str, Any]) -> tuple[str, ...]:
     return (*parent, *(str(row[name]) for name in table.natural))
 
 
-def _delete_rows(using: str, session_id: str) -> None:
+def delete_rows(using: str, session_id: str) -> None:
+    """Every row of ``session_id`` on ``using`` deleted (plain deletes: no gate, no cache)."""
     for table in reversed(TABLES):
         table.model.objects.using(using).filter(**{table.by_session: session_id}).delete()
 
@@ -412,7 +434,7 @@ def _copy(store: ShardedStore, session_id: str, source: str, target: str) -> int
                 "it cannot be moved there (two copies of one session; see docs/scaling.md)"
             )
         _set(target, session_id, GateState.INCOMING, source)
-        _delete_rows(target, session_id)  # what an earlier, unfinished copy left
+        delete_rows(target, session_id)  # what an earlier, unfinished copy left
         _insert_rows(target, rows)
 
     _in_transaction(target, write)
@@ -447,7 +469,7 @@ def _finish(store: ShardedStore, session_id: str, source: str, target: str) -> N
                     PendingInvalidation.record(source, session_id, sorted(versions))
                 keys = sorted(versions)
                 transaction.on_commit(lambda: cache.erased(session_id, keys), using=source)
-        _delete_rows(source, session_id)
+        delete_rows(source, session_id)
         ShardMap.objects.using(source).filter(pk=ShardMap.ONLY).update(moves=F("moves") + 1)
 
     _in_transaction(source, switch)
@@ -478,7 +500,7 @@ def resume_moves(store: ShardedStore, report: Callable[[str], None] = lambda _li
 
                 def drop(alias: str = alias, session_id: str = gate.session_id) -> None:
                     _lock(alias, session_id)
-                    _delete_rows(alias, session_id)
+                    delete_rows(alias, session_id)
                     SessionGate.objects.using(alias).filter(session_id=session_id).delete()
 
                 _in_transaction(alias, drop)

@@ -225,18 +225,35 @@ class WritePath:
 
     def _write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         if self._autocommit_blind(changes):
-            return self.retrier.run(functools.partial(self._one_statement, session_id, changes))
+            one = functools.partial(self._one_statement, session_id, changes)
+            if not self.retrier.gated:
+                return self.retrier.run(one)
+            # A shard's: the gate passed in the statement itself (migration 0016).
+            from . import moves
+
+            tried = False
+
+            def attempt(retry: bool) -> Any:
+                nonlocal tried
+                retry, tried = retry or tried, tried or retry
+                return one(retry)
+
+            return moves.through_gates(
+                lambda: self.retrier.run(attempt), self.using, lambda: tried, False
+            )
         return self._locked_write(session_id, changes)
 
     def _autocommit_blind(self, changes: dict[str, Change]) -> bool:
         """A single blind write on PostgreSQL without a cache tier, outside any transaction: the
         one-statement write in autocommit, one round trip. (With Redis, the tombstone must go in
         between the statement and its COMMIT, so that path keeps its transaction.)"""
-        if self.cache is not None or len(changes) != 1 or self.retrier.gated:
+        if self.cache is not None or len(changes) != 1:
             return False
         change = next(iter(changes.values()))
         if not change.blind or change.caller_request_id or not self._fast:
             return False
+        if self.retrier.gated and change.expected_version is not None:
+            return False  # a shard's gate goes in one statement with the upsert function only
         connection = connections[self.using]
         return connection.vendor == "postgresql" and not connection.in_atomic_block
 
@@ -247,9 +264,16 @@ class WritePath:
         connection = connections[self.using]
         connection.ensure_connection()
         # A session whose synchronous_commit is off or local: the transaction's SET LOCAL.
+        gated = self.retrier.gated
         if not retry and not raises_synchronous_commit(connection):
             ((key, change),) = changes.items()
-            record = self._blind_write(session_id, key, change, clock.now())
+            if gated:
+                from .moves import gate_raised
+
+                with gate_raised([session_id]):
+                    record = self._blind_write(session_id, key, change, clock.now(), gate=True)
+            else:
+                record = self._blind_write(session_id, key, change, clock.now())
             if record is not None:
                 failpoint_autocommit_answer()
                 return {key: record}
@@ -258,6 +282,10 @@ class WritePath:
             changes = {key: dataclasses.replace(change, blind=False)}
         with transaction.atomic(using=self.using):
             begin_durable(connection)
+            if gated:
+                from .moves import pass_gate
+
+                pass_gate(connection, [session_id])
             return self._locked_attempt(session_id, changes, None)(retry)
 
     def _locked_write(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
@@ -393,7 +421,7 @@ class WritePath:
         return statements_for(connections[self.using]).blind_write is not None
 
     def _blind_write(
-        self, session_id: str, key: str, change: Change, now: datetime
+        self, session_id: str, key: str, change: Change, now: datetime, *, gate: bool = False
     ) -> MemoryRecord | None:
         """A write of a value known up front, as one UPDATE that takes the row lock, counts the
         version and returns it (PostgreSQL: with the history insert in the same statement, and
@@ -427,6 +455,14 @@ class WritePath:
         if Defect.UPSERT_SKIPS_HISTORY in self.defects:
             # The declared seam of the function itself: its broken copy (migration 0010).
             sql = sql.replace("agentmemory_upsert(", "agentmemory_upsert_selftest_skips_history(")
+        elif gate:
+            # A shard's write in autocommit: the session's gate first, in the same statement
+            # (migration 0016; only the upsert function takes it, see _autocommit_blind).
+            from .moves import lock_key
+
+            assert "agentmemory_upsert(" in sql
+            sql = sql.replace("agentmemory_upsert(", "agentmemory_upsert_gated(%s, ")
+            params = [lock_key(session_id), *params]
         found = run(connection, sql, params)
         history = (text, at, until, change.request_id, vector) if then_history else None
         return _one_row_written(connection, found, history, session_id, key, value, now, expires_at)

@@ -42,8 +42,8 @@ from bench.run import (  # noqa: E402
 )
 
 SIZES = {
-    "full": {"calls": 2000, "repeats": 5, "threads": 8, "per_thread": 200},
-    "quick": {"calls": 200, "repeats": 1, "threads": 4, "per_thread": 30},
+    "full": {"calls": 2000, "repeats": 5, "threads": 8, "per_thread": 200, "moves": 20},
+    "quick": {"calls": 200, "repeats": 1, "threads": 4, "per_thread": 30, "moves": 4},
 }
 SHARD_COUNTS = (1, 2, 4)
 
@@ -99,6 +99,30 @@ def throughput(aliases: list[str], threads: int, per_thread: int) -> float:
     return ops
 
 
+#: The session a move moves: memories with a few versions each and a log -- an agent's session
+#: of ordinary size.
+MOVED_MEMORIES, MOVED_VERSIONS, MOVED_ITEMS = 50, 3, 50
+
+
+def moving(aliases: list[str], moves: int) -> dict[str, float]:
+    """Milliseconds of one move (``ShardedStore.move``) of a session of ordinary size between
+    the first two shards, back and forth ``moves`` times: the median, and the rows it copies."""
+    store = sharded(aliases[:2])
+    session = f"bench-move-{uuid.uuid4().hex[:8]}"
+    for n in range(MOVED_MEMORIES):
+        for version in range(MOVED_VERSIONS):
+            store.remember(session, f"fact-{n}", {"n": n, "version": version, "text": "x" * 200})
+    store.append(session, "chat", [{"role": "user", "text": "y" * 200}] * MOVED_ITEMS)
+    spans, rows = [], 0
+    for _ in range(moves):
+        target = next(alias for alias in aliases[:2] if alias != store.locate(session))
+        report = store.move(session, target)
+        spans.append(report.seconds * 1000)
+        rows = report.rows
+    store.erase_session(session)
+    return {"ms": statistics.median(spans), "rows": rows}
+
+
 def placing_us(shards: int, calls: int) -> float:
     """Microseconds of one placement among ``shards`` aliases, each session id new (the
     placement's cache of recent ids never answers)."""
@@ -122,6 +146,7 @@ def main() -> None:
         per_thread=size["per_thread"],
         overhead={},
         throughput={},
+        moves=size["moves"],
         placing_us={n: placing_us(n, 20_000) for n in (1, 2, 4, 16)},
     )
     for base in ("sqlite", "postgres"):
@@ -143,6 +168,7 @@ def main() -> None:
             for name, ops in samples.items()
         }
         results["throughput"][base] = {str(n): statistics.median(v) for n, v in counts.items()}
+        results.setdefault("moving", {})[base] = moving(aliases, size["moves"])
     write_results("sharding-benchmarks", results, render, args.quick)
 
 
@@ -194,6 +220,27 @@ def render(results: dict[str, Any]) -> str:
             for n in SHARD_COUNTS
         ]
         lines.append(f"| {base} | " + " | ".join(cells) + " |")
+    if results.get("moving"):
+        lines += [
+            "",
+            "## Moving a session online",
+            "",
+            f"`ShardedStore.move` of a session of {MOVED_MEMORIES} memories with "
+            f"{MOVED_VERSIONS} versions each and a log of {MOVED_ITEMS} items, between two "
+            "shards of the same engine, back and forth: the median of "
+            f"{results.get('moves', '?')} moves. The session's writes wait only while its rows "
+            "are copied; its reads never do.",
+            "",
+            "| database | rows copied | ms per move |",
+            "|---|---|---|",
+        ]
+        for base, figures in results["moving"].items():
+            lines.append(f"| {base} | {figures['rows']:,} | {figures['ms']:.0f} |")
+    lines += [
+        "",
+        "The `ShardedStore` rows above include each write's pass of its session's gate (what "
+        "makes moving sessions online safe); a `MemoryStore` pays none.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ from ..conf import get_config
 from ..defects import Defect, Defects
 from ..errors import AgentMemoryError
 from ..models import CheckpointThread, Log, Memory, SessionGate, ShardMap
-from ..moves import session_rows
+from ..moves import delete_rows, session_rows
 from ..sharding import ShardedStore, forget_checked, recorded_shards
 from . import semantic, traces
 from .checker import Anomaly
@@ -284,6 +284,9 @@ def _clean(store: ShardedStore, run_id: str) -> None:
     ]
     store.checkpoints.delete_threads(threads)
     for alias in store.shards:
+        # What a broken store (the self-test's variant) left behind on a shard it moved from.
+        for key in keys:
+            delete_rows(alias, key)
         gates = SessionGate.objects.using(alias).filter(
             session_id__startswith=f"memcheck-{run_id}-"
         )
