@@ -27,6 +27,7 @@ def status(using: str) -> dict[str, Any]:
 
     database_up = _database(using, add)
     if database_up:
+        _moves(using, add)
         _cache(using, add)
     states = {check["state"] for check in checks}
     code = DOWN if "down" in states else DEGRADED if "degraded" in states else OK
@@ -64,6 +65,32 @@ def _database(using: str, add: Any) -> bool:
         return False
     add("migrations", "ok", "every agentmemory migration applied")
     return True
+
+
+def _moves(using: str, add: Any) -> None:
+    """Sessions being moved to or from this database (a shard's: agentmemory.moves), if any:
+    degraded when one has been for longer than a write waits for it (a mover that died)."""
+    from .models import GateState, SessionGate
+    from .moves import GATE_WAIT
+
+    closed = SessionGate.objects.using(using).filter(
+        state__in=[GateState.MOVING, GateState.INCOMING]
+    )
+    count = closed.count()
+    if not count:
+        return
+    oldest = closed.order_by("changed_at").values_list("changed_at", flat=True).first()
+    assert oldest is not None
+    age = (clock.now() - oldest).total_seconds()
+    if age > GATE_WAIT:
+        add(
+            "moves",
+            "degraded",
+            f"{count} session(s) moving for up to {age:.0f} s, longer than a write waits: a "
+            "mover that died -- `manage.py move_sessions --resume` finishes its moves",
+        )
+    else:
+        add("moves", "ok", f"{count} session(s) being moved between shards")
 
 
 def pending(using: str) -> tuple[int, float]:

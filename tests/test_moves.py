@@ -476,3 +476,22 @@ def test_a_database_that_is_a_shard_of_another_list_is_refused_a_scratch_shard()
     record_shards("default", ["default", "elsewhere"])
     with pytest.raises(FaultsUnavailable, match="is a shard of"), shards_for_moves("default"):
         pass
+
+
+def test_the_status_says_a_move_a_mover_left_unfinished_is_stuck():
+    from datetime import timedelta
+
+    from agentmemory import clock
+    from agentmemory.health import DEGRADED, status
+
+    assert "moves" not in {check["check"] for check in status("default")["checks"]}
+    SessionGate.objects.using("default").create(
+        session_id="s", state=GateState.MOVING, peer="other", changed_at=clock.now()
+    )
+    moving = {c["check"]: c for c in status("default")["checks"]}["moves"]
+    assert moving["state"] == "ok" and "1 session(s) being moved" in moving["detail"]
+    SessionGate.objects.using("default").update(changed_at=clock.now() - timedelta(minutes=5))
+    found = status("default")
+    stuck = {c["check"]: c for c in found["checks"]}["moves"]
+    assert stuck["state"] == "degraded" and "move_sessions --resume" in stuck["detail"]
+    assert found["code"] == DEGRADED
