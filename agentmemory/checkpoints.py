@@ -83,6 +83,8 @@ PUT_CALL = (
     "SELECT agentmemory_put_checkpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, "
     "%s::text[], %s::text[], %s::text[], %s::bytea[])"
 )
+#: A shard's gate, as the first part of a put's statement (migration 0016).
+GATE_CALL = "agentmemory_pass_gate(%s::bigint[], %s::text[])"
 PUT_WRITES_CALL = (
     "SELECT agentmemory_put_writes(%s, %s, %s, %s, %s, %s, %s::bigint[], %s::text[], "
     "%s::text[], %s::bytea[])"
@@ -617,6 +619,15 @@ class CheckpointPath:
         LOCAL``), in a transaction (a savepoint in the caller's) that a conflict rolls back."""
         connection = connections[self.using]
         connection.ensure_connection()
+        gated = self.retrier.gated
+        transactional = connection.in_atomic_block or raises_synchronous_commit(connection)
+        if gated and not transactional:
+            # A shard's put in autocommit: the thread's gate first, in the same statement
+            # (migration 0016's function, then the put's, in a snapshot taken after its lock).
+            from .moves import lock_key
+
+            call = f"WITH gate AS (SELECT {GATE_CALL}) {call} FROM gate"
+            params = [[lock_key(thread_id)], [thread_id], *params]
 
         def attempt(_retry: bool) -> None:
             try:
@@ -641,12 +652,19 @@ class CheckpointPath:
             attempt(retry)
             failpoint_autocommit_answer()  # stored, and the answer lost (a retry rewrites it)
 
-        if (
-            connection.in_atomic_block
-            or self.retrier.gated
-            or raises_synchronous_commit(connection)
-        ):
+        if transactional:
             self.retrier.atomic(attempt, connection, sessions=(thread_id,))
+        elif gated:
+            from . import moves
+
+            def gate_passed(retry: bool) -> None:
+                with moves.gate_raised([thread_id]):
+                    autocommitted(retry)
+
+            # A put done again rewrites what it stored: followed wherever the thread moved.
+            moves.through_gates(
+                lambda: self.retrier.run(gate_passed, connection), self.using, lambda: False, False
+            )
         else:
             self.retrier.run(autocommitted, connection)
 

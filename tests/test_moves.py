@@ -495,3 +495,28 @@ def test_the_status_says_a_move_a_mover_left_unfinished_is_stuck():
     stuck = {c["check"]: c for c in found["checks"]}["moves"]
     assert stuck["state"] == "degraded" and "move_sessions --resume" in stuck["detail"]
     assert found["code"] == DEGRADED
+
+
+def test_a_checkpoint_put_during_the_copy_waits_and_lands_on_the_new_shard(sharded):
+    """PostgreSQL's put in autocommit passes the thread's gate in its one statement; elsewhere
+    (and in a transaction) the put's transaction does."""
+    thread = session_on(sharded, "default", stem="thread")
+    saver = AgentMemorySaver(sharded)
+    root = put_step(saver, config(thread), "root")
+    held = hold_next_move(lambda s, _keys: s == thread)
+    waiting = hold_next_gate_wait(lambda s, _keys: s == thread)
+    mover = started(sharded.move, thread, "other")
+    assert held.reached.wait(10)
+    outcome: list = []
+    writer = started(lambda: outcome.append(put_step(saver, root, "next")))
+    assert waiting.reached.wait(10), "the put did not meet the closed gate"
+    waiting.release()
+    held.release()
+    mover.join(10)
+    writer.join(10)
+    assert outcome, "the put did not end"
+    latest = saver.get_tuple(config(thread))
+    assert latest.checkpoint["id"] == outcome[0]["configurable"]["checkpoint_id"]
+    assert len(list(saver.list(config(thread)))) == 2
+    assert session_rows("other", thread)["Checkpoint"]
+    assert not any(session_rows("default", thread).values())
