@@ -6,85 +6,47 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
-    dependencies = []
+    dependencies = [
+    ]
 
     operations = [
         migrations.CreateModel(
-            name="Memory",
+            name='Memory',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("session_id", agentmemory.fields.ExactCharField(max_length=128)),
-                ("key", agentmemory.fields.ExactCharField(max_length=255)),
-                ("value", models.JSONField(null=True)),
-                ("version", models.PositiveBigIntegerField(default=0)),
-                (
-                    "state",
-                    models.CharField(
-                        choices=[
-                            ("live", "live"),
-                            ("forgotten", "forgotten"),
-                            ("expired", "expired"),
-                        ],
-                        default="live",
-                        max_length=16,
-                    ),
-                ),
-                ("created_at", models.DateTimeField()),
-                ("updated_at", models.DateTimeField()),
-                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('session_id', agentmemory.fields.ExactCharField(max_length=128)),
+                ('key', agentmemory.fields.ExactCharField(max_length=255)),
+                ('value', models.JSONField(null=True)),
+                ('version', models.PositiveBigIntegerField(default=0)),
+                ('state', models.CharField(choices=[('live', 'live'), ('forgotten', 'forgotten'), ('expired', 'expired')], default='live', max_length=16)),
+                ('created_at', models.DateTimeField()),
+                ('updated_at', models.DateTimeField()),
+                ('expires_at', models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                "verbose_name_plural": "memories",
-                "indexes": [models.Index(fields=["expires_at"], name="agentmemory_expires_idx")],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("session_id", "key"), name="agentmemory_one_row_per_key"
-                    )
-                ],
+                'verbose_name_plural': 'memories',
+                'indexes': [models.Index(fields=['expires_at'], name='agentmemory_expires_idx')],
+                'constraints': [models.UniqueConstraint(fields=('session_id', 'key'), name='agentmemory_one_row_per_key')],
             },
         ),
         migrations.CreateModel(
-            name="MemoryVersion",
+            name='MemoryVersion',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("version", models.PositiveBigIntegerField()),
-                (
-                    "op",
-                    models.CharField(
-                        choices=[
-                            ("write", "write"),
-                            ("forget", "forget"),
-                            ("expire", "expire"),
-                            ("revert", "revert"),
-                        ],
-                        max_length=8,
-                    ),
-                ),
-                ("value", models.JSONField(null=True)),
-                ("created_at", models.DateTimeField()),
-                ("expires_at", models.DateTimeField(blank=True, null=True)),
-                ("request_id", models.CharField(max_length=68)),
-                (
-                    "memory",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="versions",
-                        to="agentmemory.memory",
-                    ),
-                ),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('version', models.PositiveBigIntegerField()),
+                ('op', models.CharField(choices=[('write', 'write'), ('forget', 'forget'), ('expire', 'expire'), ('revert', 'revert')], max_length=8)),
+                ('value', models.JSONField(null=True)),
+                ('created_at', models.DateTimeField()),
+                ('expires_at', models.DateTimeField(blank=True, null=True)),
+                ('request_id', models.CharField(max_length=68)),
+                ('memory', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='agentmemory.memory')),
             ],
             options={
-                "ordering": ["memory", "version"],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("memory", "version"), name="agentmemory_one_row_per_version"
-                    ),
-                    models.UniqueConstraint(
-                        fields=("memory", "request_id"), name="agentmemory_one_version_per_request"
-                    ),
-                ],
+                'ordering': ['memory', 'version'],
+                'constraints': [models.UniqueConstraint(fields=('memory', 'version'), name='agentmemory_one_row_per_version'), models.UniqueConstraint(fields=('memory', 'request_id'), name='agentmemory_one_version_per_request')],
             },
         ),
     ]

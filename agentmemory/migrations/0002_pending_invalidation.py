@@ -6,21 +6,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0001_initial"),
+        ('agentmemory', '0001_initial'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="PendingInvalidation",
+            name='PendingInvalidation',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("session_id", agentmemory.fields.ExactCharField(max_length=128)),
-                ("key", agentmemory.fields.ExactCharField(max_length=255)),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('session_id', agentmemory.fields.ExactCharField(max_length=128)),
+                ('key', agentmemory.fields.ExactCharField(max_length=255)),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                "ordering": ["id"],
+                'ordering': ['id'],
             },
         ),
     ]

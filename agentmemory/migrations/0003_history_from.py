@@ -4,14 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0002_pending_invalidation"),
+        ('agentmemory', '0002_pending_invalidation'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="memory",
-            name="history_from",
+            model_name='memory',
+            name='history_from',
             field=models.PositiveBigIntegerField(db_default=1, default=1),
         ),
     ]

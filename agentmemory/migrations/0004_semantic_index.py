@@ -4,31 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0003_history_from"),
+        ('agentmemory', '0003_history_from'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="memory",
-            name="embedding",
+            model_name='memory',
+            name='embedding',
             field=models.BinaryField(null=True),
         ),
         migrations.AddField(
-            model_name="memory",
-            name="embedding_key",
+            model_name='memory',
+            name='embedding_key',
             field=models.BigIntegerField(editable=False, null=True),
         ),
         migrations.AddField(
-            model_name="memoryversion",
-            name="embedding",
+            model_name='memoryversion',
+            name='embedding',
             field=models.BinaryField(null=True),
         ),
         migrations.AddIndex(
-            model_name="memory",
-            index=models.Index(
-                fields=["session_id", "embedding_key", "state", "expires_at", "id"],
-                name="agentmemory_search_idx",
-            ),
+            model_name='memory',
+            index=models.Index(fields=['session_id', 'embedding_key', 'state', 'expires_at', 'id'], name='agentmemory_search_idx'),
         ),
     ]

@@ -6,103 +6,62 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0004_semantic_index"),
+        ('agentmemory', '0004_semantic_index'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="Log",
+            name='Log',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("session_id", agentmemory.fields.ExactCharField(max_length=128)),
-                ("stream", agentmemory.fields.ExactCharField(max_length=255)),
-                ("last_seq", models.PositiveBigIntegerField(default=0)),
-                ("length", models.PositiveBigIntegerField(default=0)),
-                ("cleared_through", models.PositiveBigIntegerField(default=0)),
-                ("version", models.PositiveBigIntegerField(default=0)),
-                ("created_at", models.DateTimeField()),
-                ("updated_at", models.DateTimeField()),
-                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('session_id', agentmemory.fields.ExactCharField(max_length=128)),
+                ('stream', agentmemory.fields.ExactCharField(max_length=255)),
+                ('last_seq', models.PositiveBigIntegerField(default=0)),
+                ('length', models.PositiveBigIntegerField(default=0)),
+                ('cleared_through', models.PositiveBigIntegerField(default=0)),
+                ('version', models.PositiveBigIntegerField(default=0)),
+                ('created_at', models.DateTimeField()),
+                ('updated_at', models.DateTimeField()),
+                ('expires_at', models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                "indexes": [
-                    models.Index(fields=["expires_at"], name="agentmemory_log_expires_idx")
-                ],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("session_id", "stream"), name="agentmemory_one_head_per_log"
-                    )
-                ],
+                'indexes': [models.Index(fields=['expires_at'], name='agentmemory_log_expires_idx')],
+                'constraints': [models.UniqueConstraint(fields=('session_id', 'stream'), name='agentmemory_one_head_per_log')],
             },
         ),
         migrations.CreateModel(
-            name="LogEvent",
+            name='LogEvent',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("version", models.PositiveBigIntegerField()),
-                (
-                    "op",
-                    models.CharField(
-                        choices=[
-                            ("append", "append"),
-                            ("pop", "pop"),
-                            ("clear", "clear"),
-                            ("expire", "expire"),
-                        ],
-                        max_length=8,
-                    ),
-                ),
-                ("first_seq", models.PositiveBigIntegerField()),
-                ("last_seq", models.PositiveBigIntegerField()),
-                ("count", models.PositiveBigIntegerField()),
-                ("created_at", models.DateTimeField()),
-                ("request_id", models.CharField(max_length=68)),
-                (
-                    "log",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="events",
-                        to="agentmemory.log",
-                    ),
-                ),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('version', models.PositiveBigIntegerField()),
+                ('op', models.CharField(choices=[('append', 'append'), ('pop', 'pop'), ('clear', 'clear'), ('expire', 'expire')], max_length=8)),
+                ('first_seq', models.PositiveBigIntegerField()),
+                ('last_seq', models.PositiveBigIntegerField()),
+                ('count', models.PositiveBigIntegerField()),
+                ('created_at', models.DateTimeField()),
+                ('request_id', models.CharField(max_length=68)),
+                ('log', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='agentmemory.log')),
             ],
             options={
-                "ordering": ["log", "version"],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("log", "version"), name="agentmemory_one_log_event"
-                    ),
-                    models.UniqueConstraint(
-                        fields=("log", "request_id"), name="agentmemory_one_log_event_per_request"
-                    ),
-                ],
+                'ordering': ['log', 'version'],
+                'constraints': [models.UniqueConstraint(fields=('log', 'version'), name='agentmemory_one_log_event'), models.UniqueConstraint(fields=('log', 'request_id'), name='agentmemory_one_log_event_per_request')],
             },
         ),
         migrations.CreateModel(
-            name="LogItem",
+            name='LogItem',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("seq", models.PositiveBigIntegerField()),
-                ("value", models.JSONField(null=True)),
-                ("created_at", models.DateTimeField()),
-                ("removed_in", models.PositiveBigIntegerField(blank=True, null=True)),
-                (
-                    "log",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="items",
-                        to="agentmemory.log",
-                    ),
-                ),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('seq', models.PositiveBigIntegerField()),
+                ('value', models.JSONField(null=True)),
+                ('created_at', models.DateTimeField()),
+                ('removed_in', models.PositiveBigIntegerField(blank=True, null=True)),
+                ('log', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='agentmemory.log')),
             ],
             options={
-                "ordering": ["log", "seq"],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("log", "seq"), name="agentmemory_one_item_per_seq"
-                    )
-                ],
+                'ordering': ['log', 'seq'],
+                'constraints': [models.UniqueConstraint(fields=('log', 'seq'), name='agentmemory_one_item_per_seq')],
             },
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0005_logs"),
+        ('agentmemory', '0005_logs'),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name="logitem",
-            index=models.Index(
-                fields=["log", "removed_in", "seq"], name="agentmemory_live_items_idx"
-            ),
+            model_name='logitem',
+            index=models.Index(fields=['log', 'removed_in', 'seq'], name='agentmemory_live_items_idx'),
         ),
     ]

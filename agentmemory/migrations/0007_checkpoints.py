@@ -6,122 +6,75 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0006_live_items_index"),
+        ('agentmemory', '0006_live_items_index'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="CheckpointThread",
+            name='CheckpointThread',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("thread_id", agentmemory.fields.ExactCharField(max_length=255)),
-                ("checkpoint_ns", agentmemory.fields.ExactCharField(blank=True, max_length=500)),
-                ("version", models.PositiveBigIntegerField(default=0)),
-                ("created_at", models.DateTimeField()),
-                ("updated_at", models.DateTimeField()),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('thread_id', agentmemory.fields.ExactCharField(max_length=255)),
+                ('checkpoint_ns', agentmemory.fields.ExactCharField(blank=True, max_length=500)),
+                ('version', models.PositiveBigIntegerField(default=0)),
+                ('created_at', models.DateTimeField()),
+                ('updated_at', models.DateTimeField()),
             ],
             options={
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("thread_id", "checkpoint_ns"), name="agentmemory_one_head_per_chain"
-                    )
-                ],
+                'constraints': [models.UniqueConstraint(fields=('thread_id', 'checkpoint_ns'), name='agentmemory_one_head_per_chain')],
             },
         ),
         migrations.CreateModel(
-            name="CheckpointBlob",
+            name='CheckpointBlob',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("channel", agentmemory.fields.ExactCharField(max_length=255)),
-                ("version", agentmemory.fields.ExactCharField(max_length=255)),
-                ("type", models.CharField(max_length=32)),
-                ("blob", models.BinaryField(null=True)),
-                (
-                    "thread",
-                    models.ForeignKey(
-                        db_index=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="blobs",
-                        to="agentmemory.checkpointthread",
-                    ),
-                ),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('channel', agentmemory.fields.ExactCharField(max_length=255)),
+                ('version', agentmemory.fields.ExactCharField(max_length=255)),
+                ('type', models.CharField(max_length=32)),
+                ('blob', models.BinaryField(null=True)),
+                ('thread', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='blobs', to='agentmemory.checkpointthread')),
             ],
             options={
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("thread", "channel", "version"),
-                        name="agentmemory_one_blob_per_version",
-                    )
-                ],
+                'constraints': [models.UniqueConstraint(fields=('thread', 'channel', 'version'), name='agentmemory_one_blob_per_version')],
             },
         ),
         migrations.CreateModel(
-            name="Checkpoint",
+            name='Checkpoint',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("checkpoint_id", agentmemory.fields.ExactCharField(max_length=255)),
-                (
-                    "parent_checkpoint_id",
-                    agentmemory.fields.ExactCharField(blank=True, max_length=255, null=True),
-                ),
-                ("type", models.CharField(max_length=32)),
-                ("checkpoint", models.BinaryField()),
-                ("metadata_type", models.CharField(max_length=32)),
-                ("metadata", models.BinaryField()),
-                (
-                    "run_id",
-                    agentmemory.fields.ExactCharField(blank=True, max_length=255, null=True),
-                ),
-                ("channel_versions", models.JSONField(default=dict)),
-                ("created_at", models.DateTimeField()),
-                (
-                    "thread",
-                    models.ForeignKey(
-                        db_index=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="checkpoints",
-                        to="agentmemory.checkpointthread",
-                    ),
-                ),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('checkpoint_id', agentmemory.fields.ExactCharField(max_length=255)),
+                ('parent_checkpoint_id', agentmemory.fields.ExactCharField(blank=True, max_length=255, null=True)),
+                ('type', models.CharField(max_length=32)),
+                ('checkpoint', models.BinaryField()),
+                ('metadata_type', models.CharField(max_length=32)),
+                ('metadata', models.BinaryField()),
+                ('run_id', agentmemory.fields.ExactCharField(blank=True, max_length=255, null=True)),
+                ('channel_versions', models.JSONField(default=dict)),
+                ('created_at', models.DateTimeField()),
+                ('thread', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='agentmemory.checkpointthread')),
             ],
             options={
-                "indexes": [models.Index(fields=["run_id"], name="agentmemory_checkpoint_run_idx")],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("thread", "checkpoint_id"), name="agentmemory_one_checkpoint_per_id"
-                    )
-                ],
+                'indexes': [models.Index(fields=['run_id'], name='agentmemory_checkpoint_run_idx')],
+                'constraints': [models.UniqueConstraint(fields=('thread', 'checkpoint_id'), name='agentmemory_one_checkpoint_per_id')],
             },
         ),
         migrations.CreateModel(
-            name="CheckpointWrite",
+            name='CheckpointWrite',
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("checkpoint_id", agentmemory.fields.ExactCharField(max_length=255)),
-                ("task_id", agentmemory.fields.ExactCharField(max_length=255)),
-                ("idx", models.BigIntegerField()),
-                ("task_path", models.TextField(blank=True)),
-                ("channel", agentmemory.fields.ExactCharField(max_length=255)),
-                ("type", models.CharField(max_length=32)),
-                ("blob", models.BinaryField()),
-                (
-                    "thread",
-                    models.ForeignKey(
-                        db_index=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="writes",
-                        to="agentmemory.checkpointthread",
-                    ),
-                ),
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('checkpoint_id', agentmemory.fields.ExactCharField(max_length=255)),
+                ('task_id', agentmemory.fields.ExactCharField(max_length=255)),
+                ('idx', models.BigIntegerField()),
+                ('task_path', models.TextField(blank=True)),
+                ('channel', agentmemory.fields.ExactCharField(max_length=255)),
+                ('type', models.CharField(max_length=32)),
+                ('blob', models.BinaryField()),
+                ('thread', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='writes', to='agentmemory.checkpointthread')),
             ],
             options={
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("thread", "checkpoint_id", "task_id", "idx"),
-                        name="agentmemory_one_write_per_index",
-                    )
-                ],
+                'constraints': [models.UniqueConstraint(fields=('thread', 'checkpoint_id', 'task_id', 'idx'), name='agentmemory_one_write_per_index')],
             },
         ),
     ]

@@ -5,19 +5,20 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0008_postgres_write_function"),
+        ('agentmemory', '0008_postgres_write_function'),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="logevent",
-            name="request_id",
+            model_name='logevent',
+            name='request_id',
             field=agentmemory.fields.ExactCharField(max_length=68),
         ),
         migrations.AlterField(
-            model_name="memoryversion",
-            name="request_id",
+            model_name='memoryversion',
+            name='request_id',
             field=agentmemory.fields.ExactCharField(max_length=68),
         ),
     ]

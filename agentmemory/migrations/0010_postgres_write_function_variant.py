@@ -9,7 +9,9 @@ import importlib
 from django.db import migrations
 
 # The body is the real function's, with one line changed: the two cannot drift apart.
-CREATE_REAL = importlib.import_module("agentmemory.migrations.0008_postgres_write_function").CREATE
+CREATE_REAL = importlib.import_module(
+    "agentmemory.migrations.0008_postgres_write_function"
+).CREATE
 
 NAME = "agentmemory_upsert_selftest_skips_history"
 SIGNATURE = "(text, text, jsonb, timestamptz, timestamptz, bytea, bigint, text)"

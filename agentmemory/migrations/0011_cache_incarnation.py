@@ -5,17 +5,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0010_postgres_write_function_variant"),
+        ('agentmemory', '0010_postgres_write_function_variant'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="CacheIncarnation",
+            name='CacheIncarnation',
             fields=[
-                ("id", models.PositiveSmallIntegerField(primary_key=True, serialize=False)),
-                ("counter", models.PositiveBigIntegerField(default=0)),
-                ("moved_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ('id', models.PositiveSmallIntegerField(primary_key=True, serialize=False)),
+                ('counter', models.PositiveBigIntegerField(default=0)),
+                ('moved_at', models.DateTimeField(default=django.utils.timezone.now)),
             ],
         ),
     ]

@@ -5,17 +5,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("agentmemory", "0013_mcp_token"),
+        ('agentmemory', '0013_mcp_token'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="ShardMap",
+            name='ShardMap',
             fields=[
-                ("id", models.PositiveSmallIntegerField(primary_key=True, serialize=False)),
-                ("shards", models.JSONField()),
-                ("recorded_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ('id', models.PositiveSmallIntegerField(primary_key=True, serialize=False)),
+                ('shards', models.JSONField()),
+                ('recorded_at', models.DateTimeField(default=django.utils.timezone.now)),
             ],
         ),
     ]
