@@ -405,16 +405,14 @@ class ShardedStore:
         raise self._lost(session_id)
 
     def _moves_out(self, alias: str) -> int:
-        store = self.stores[alias]
-        try:
-            return store._retrier.read(lambda: moves.moves_out(alias))
-        except MemoryUnavailable as error:
-            raise _named(alias, error) from error
+        """How many sessions moved away from ``alias`` (read, retried; not named by it)."""
+        return self.stores[alias]._retrier.read(lambda: moves.moves_out(alias))
 
     def _moved_from(self, alias: str, session_id: str) -> str | None:
-        store = self.stores[alias]
+        """Where ``session_id`` moved from ``alias`` (read, retried), MemoryUnavailable named
+        by the shard."""
         try:
-            return store._retrier.read(lambda: moves.moved_to(alias, session_id))
+            return self.stores[alias]._retrier.read(lambda: moves.moved_to(alias, session_id))
         except MemoryUnavailable as error:
             raise _named(alias, error) from error
 
@@ -735,9 +733,9 @@ class ShardedCheckpoints:
             self._on(destination, lambda p: p.copy_thread(source, target))
             return
         self._path(origin)  # the source's shard checked too
-        before = self.store._moves_out(origin)
+        before = self._on(origin, lambda _p: self.store._moves_out(origin))
         self._on(destination, lambda p: p.copy_thread(source, target, source_using=origin))
-        if self.store._moves_out(origin) != before:
+        if self._on(origin, lambda _p: self.store._moves_out(origin)) != before:
             # A thread moved away from the source's shard while it was read: if it was the
             # source, the copy may be short -- made again, from where it lives now.
             peer = self.store._moved_from(origin, source) or origin
