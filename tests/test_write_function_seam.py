@@ -26,6 +26,7 @@ def test_the_broken_function_is_called_and_loses_the_history_of_an_overwrite():
         cursor.execute("SELECT proname FROM pg_proc WHERE proname LIKE 'agentmemory_upsert%%'")
         assert sorted(row[0] for row in cursor.fetchall()) == [
             "agentmemory_upsert",
+            "agentmemory_upsert_gated",  # a shard's: the gate, then the real one (0016)
             "agentmemory_upsert_selftest_skips_history",
         ]
 
