@@ -34,6 +34,7 @@ read-only: ``manage.py move_sessions --resume`` finishes its moves (each step ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -98,6 +99,7 @@ class GateClosed(Exception):
         self.closed = closed
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_key(session_id: str) -> int:
     """The PostgreSQL advisory lock of a session's gate: a signed 64-bit hash of its id."""
     digest = hashlib.blake2b(session_id.encode(), digest_size=8, person=b"agentmemory-gat")
@@ -115,8 +117,6 @@ def pass_gate(connection: Any, session_ids: Iterable[str]) -> None:
     sessions = sorted(set(session_ids))
     if not sessions:
         return
-    table = _table(connection)
-    marks = ", ".join(["%s"] * len(sessions))
     if connection.vendor == "postgresql":
         # The lock, then the read in a snapshot taken after it: one statement (migration 0016).
         with gate_raised(sessions):
@@ -126,21 +126,24 @@ def pass_gate(connection: Any, session_ids: Iterable[str]) -> None:
                 [[lock_key(s) for s in sessions], sessions],
             )
         return
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            now = connection.ops.adapt_datetimefield_value(timezone.now())
-            cursor.execute(
-                f"INSERT INTO {table} (session_id, state, peer, writes, changed_at) VALUES "
-                + ", ".join(["(%s, 'open', '', 1, %s)"] * len(sessions))
-                + " ON DUPLICATE KEY UPDATE writes = writes + 1",
-                [p for s in sessions for p in (s, now)],
-            )
-        cursor.execute(
-            f"SELECT session_id, state, peer FROM {table} "
-            f"WHERE session_id IN ({marks}) AND state <> 'open'",
-            sessions,
+    table = _table(connection)
+    if connection.vendor == "mysql":
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        run(
+            connection,
+            f"INSERT INTO {table} (session_id, state, peer, writes, changed_at) VALUES "
+            + ", ".join(["(%s, 'open', '', 1, %s)"] * len(sessions))
+            + " ON DUPLICATE KEY UPDATE writes = writes + 1",
+            [p for s in sessions for p in (s, now)],
         )
-        closed = cursor.fetchall()
+    marks = ", ".join(["%s"] * len(sessions))
+    # The statements' text (sql.run's cursor, no ORM): a write's every attempt runs it.
+    closed = run(
+        connection,
+        f"SELECT session_id, state, peer FROM {table} "
+        f"WHERE session_id IN ({marks}) AND state <> 'open'",
+        sessions,
+    )
     if closed:
         raise GateClosed(sorted(closed))
 
