@@ -520,3 +520,60 @@ def sessions_on(using: str) -> list[str]:
         CheckpointThread.objects.using(using).values_list("thread_id", flat=True).distinct()
     )
     return sorted(found)
+
+
+@dataclass
+class Forwards:
+    """What :func:`forward_to_homes` did: sessions whose home is now another shard, forwarded
+    there; ones already forwarded; ones it left alone because their home holds rows of them too
+    (two copies of one session: named, for an operator to look at)."""
+
+    forwarded: list[tuple[str, str, str]]  # (session, home, where it lives)
+    already: int
+    conflicts: list[tuple[str, str, str]]
+
+
+def forward_to_homes(store: ShardedStore) -> Forwards:
+    """For a list of shards that gives sessions a new home (a shard added): at each session's
+    home, a gate that says where it lives now, so that a router with the new list finds it
+    there (without it, such a session reads as empty, and a write makes a second one at its
+    home). Run it after ``agentmemory_shards set`` records the new list and before any process
+    serves with it: a session written meanwhile by a process with the old list would not be
+    forwarded. Reads every shard's sessions; can be run again (it skips what it did)."""
+    from .sharding import place
+
+    done = Forwards([], 0, [])
+    for alias in store.shards:
+        for session_id in sessions_on(alias):
+            home = place(session_id, store.shards)
+            if home == alias:
+                continue
+            state, _peer = gate_states(home, [session_id]).get(session_id, (GateState.OPEN, ""))
+            if state == GateState.MOVED:
+                done.already += 1
+                continue
+            if state != GateState.OPEN or any(session_rows(home, session_id).values()):
+                done.conflicts.append((session_id, home, alias))
+                continue
+
+            def forward(home: str = home, session_id: str = session_id, alias: str = alias) -> None:
+                if _lock(home, session_id) == GateState.OPEN:
+                    _set(home, session_id, GateState.MOVED, alias)
+
+            _in_transaction(home, forward)
+            done.forwarded.append((session_id, home, alias))
+    return done
+
+
+def away_from_home(store: ShardedStore) -> list[str]:
+    """Every session that lives away from its home shard (its home's gate says it moved): what
+    ``move_sessions --rebalance`` brings home."""
+    from .sharding import place
+
+    found = []
+    for alias in store.shards:
+        moved = SessionGate.objects.using(alias).filter(state=GateState.MOVED)
+        for session_id in moved.values_list("session_id", flat=True):
+            if place(session_id, store.shards) == alias:
+                found.append(session_id)
+    return sorted(found)

@@ -28,7 +28,7 @@ from agentmemory.defects import Defect, hold_next_gate_wait, hold_next_move
 from agentmemory.integrations.langgraph import AgentMemorySaver
 from agentmemory.models import GateState, SessionGate
 from agentmemory.moves import session_rows
-from agentmemory.sharding import forget_checked, record_shards
+from agentmemory.sharding import forget_checked, place, record_shards
 from agentmemory.testing.embeddings import HashEmbedder
 
 from .conftest import redis_alias
@@ -325,7 +325,7 @@ def test_the_command_moves_named_sessions_and_says_what_it_did(shards_setting):
         store.remember(session, "k", session)
     out = run("--to", "other", *sessions)
     assert f"[1/3] '{sessions[0]}': 'default' -> 'other'" in out
-    assert "3 session(s) on 'other'" in out
+    assert "3 session(s) moved to 'other'" in out
     assert all(ShardedStore(cache=None).locate(s) == "other" for s in sessions)
     assert "already on 'other'" in run("--to", "other", sessions[0])
 
@@ -336,7 +336,7 @@ def test_the_command_moves_a_fraction_of_a_shards_sessions(shards_setting):
     for session in sessions:
         store.remember(session, "k", 1)
     out = run("--from", "default", "--fraction", "0.25", "--to", "other")
-    assert "2 session(s) on 'other'" in out
+    assert "2 session(s) moved to 'other'" in out
     assert sum(ShardedStore(cache=None).locate(s) == "other" for s in sessions) == 2
 
 
@@ -352,6 +352,8 @@ def test_the_command_moves_a_fraction_of_a_shards_sessions(shards_setting):
         (("--to", "other", "--from", "default", "--fraction", "1", "s"), "go together"),
         (("--to", "default", "--from", "default", "--fraction", "1"), "the same shard"),
         (("--resume", "s"), "no other argument"),
+        (("--rebalance", "s"), "no other argument"),
+        (("--rebalance", "--to", "other"), "no other argument"),
         (("--to", "other", "Zoe\u0308"), "NFC"),
     ],
 )
@@ -520,3 +522,47 @@ def test_a_checkpoint_put_during_the_copy_waits_and_lands_on_the_new_shard(shard
     assert len(list(saver.list(config(thread)))) == 2
     assert session_rows("other", thread)["Checkpoint"]
     assert not any(session_rows("default", thread).values())
+
+
+# ---------------------------------------------------------------------- adding a shard
+
+
+def test_a_shard_added_forwards_every_session_it_homes_and_rebalance_brings_them_home(
+    shards_setting, settings
+):
+    """The list grows from one shard to two: sessions whose home is now the new shard still
+    live on the old one. `agentmemory_shards set` forwards them from their new home, so a
+    router with the new list reads every one as it was; `move_sessions --rebalance` then moves
+    them home, online. Without the forwards (the list recorded alone, as before this existed),
+    those sessions read as empty -- the test shows both."""
+    one = ShardedStore(["default"], cache=None)
+    record_shards("default", ["default"])
+    sessions = [f"grow-{n}" for n in range(12)]
+    for session in sessions:
+        one.remember(session, "k", session)
+    homed = [s for s in sessions if place(s, SHARDS) == "other"]
+    assert homed and len(homed) < len(sessions)
+
+    for alias in SHARDS:  # the new list recorded, and nothing else: the homed sessions vanish
+        record_shards(alias, SHARDS)
+    bare = ShardedStore(SHARDS, cache=None)
+    assert [s for s in sessions if bare.recall(s, "k") is None] == homed
+
+    out = io.StringIO()
+    call_command("agentmemory_shards", "set", stdout=out)
+    assert f"{len(homed)} session(s) forwarded" in out.getvalue()
+    two = ShardedStore(SHARDS, cache=None)
+    assert all(two.recall(s, "k").value == s for s in sessions)
+    two.remember(homed[0], "k2", "written while away from home")
+    assert not any(session_rows("other", homed[0]).values())  # written where it lives
+
+    moved = run("--rebalance")
+    assert f"{len(homed)} session(s) moved to 'other'" in moved
+    fresh = ShardedStore(SHARDS, cache=None)
+    assert all(fresh.locate(s) == place(s, SHARDS) for s in sessions)
+    assert all(fresh.recall(s, "k").value == s for s in sessions)
+    assert fresh.recall(homed[0], "k2").value == "written while away from home"
+    assert "0 session(s) moved" in run("--rebalance")
+    again = io.StringIO()
+    call_command("agentmemory_shards", "set", stdout=again)  # a second set: nothing to forward
+    assert "0 session(s) forwarded" in again.getvalue()

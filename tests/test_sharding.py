@@ -451,7 +451,12 @@ def test_the_shards_command_shows_each_shards_list_and_sets_the_settings(setting
         ShardedStore(cache=None).each_shard(lambda store: store.expired_counts())
     out = io.StringIO()
     call_command("agentmemory_shards", "set", stdout=out)
-    assert out.getvalue().splitlines() == ["default: default, other", "other: default, other"]
+    assert out.getvalue().splitlines() == [
+        "default: default, other",
+        "other: default, other",
+        "0 session(s) forwarded from a new home to where they live (0 already were); "
+        "`move_sessions --rebalance` brings them home",
+    ]
     assert ShardedStore(cache=None).expired_counts() == (0, 0)
 
 

@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...errors import AgentMemoryError, InvalidMemory
-from ...moves import resume_moves, sessions_on
+from ...moves import away_from_home, resume_moves, sessions_on
 from ...sharding import ShardedStore
 
 
@@ -35,7 +35,9 @@ class Command(BaseCommand):
         "throughout, and its writes wait only while its rows are copied (docs/scaling.md). "
         "'--to ALIAS SESSION_ID...' moves those sessions; '--from ALIAS --fraction F --to ALIAS' "
         "moves that fraction of the sessions stored on one shard (a new shard's share); "
-        "'--resume' finishes the moves a mover left unfinished. Exit 2 when it could not run."
+        "'--rebalance' moves every session that lives away from its home shard home (after a "
+        "shard was added: `agentmemory_shards set` forwarded them); '--resume' finishes the "
+        "moves a mover left unfinished. Exit 2 when it could not run."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -44,6 +46,7 @@ class Command(BaseCommand):
         parser.add_argument("--from", dest="source", metavar="ALIAS")
         parser.add_argument("--fraction", type=_fraction)
         parser.add_argument("--resume", action="store_true")
+        parser.add_argument("--rebalance", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -57,6 +60,13 @@ class Command(BaseCommand):
                 raise CommandError("move_sessions: --resume takes no other argument")
             done = self._run(lambda: resume_moves(store, report=self.stdout.write))
             self.stdout.write(f"{done} unfinished move(s) finished")
+            return
+        if options["rebalance"]:
+            if sessions or target or source or fraction:
+                raise CommandError("move_sessions: --rebalance takes no other argument")
+            self._move(
+                store, [(s, store.place(s)) for s in self._run(lambda: away_from_home(store))]
+            )
             return
         if target is None:
             raise CommandError("move_sessions: --to ALIAS names the shard to move to")
@@ -79,9 +89,15 @@ class Command(BaseCommand):
             sessions = sorted(found, key=_spread)[: math.ceil(len(found) * fraction)]
         elif not sessions:
             raise CommandError("move_sessions: name the sessions to move (or --from/--fraction)")
+        self._move(store, [(session_id, target) for session_id in sessions])
+
+    def _move(self, store: ShardedStore, moves: list[tuple[str, str]]) -> None:
+        """Each (session, shard) moved, a line each, then what was copied in all."""
         rows = 0
-        for number, session_id in enumerate(sessions, 1):
-            report = self._run(lambda session_id=session_id: store.move(session_id, target))
+        for number, (session_id, target) in enumerate(moves, 1):
+            report = self._run(
+                lambda session_id=session_id, target=target: store.move(session_id, target)
+            )
             rows += report.rows
             if report.source == report.target:
                 what = f"already on {target!r}"
@@ -90,8 +106,12 @@ class Command(BaseCommand):
                     f"{report.source!r} -> {report.target!r}, {report.rows} rows in "
                     f"{report.seconds * 1000:.0f} ms"
                 )
-            self.stdout.write(f"[{number}/{len(sessions)}] {session_id!r}: {what}")
-        self.stdout.write(f"{len(sessions)} session(s) on {target!r}, {rows} rows copied")
+            self.stdout.write(f"[{number}/{len(moves)}] {session_id!r}: {what}")
+        shards = sorted({target for _session, target in moves})
+        self.stdout.write(
+            f"{len(moves)} session(s) moved to {', '.join(map(repr, shards)) or 'no shard'}, "
+            f"{rows} rows copied"
+        )
 
     def _run(self, work: Any) -> Any:
         try:
