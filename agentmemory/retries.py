@@ -123,21 +123,32 @@ class Retrier:
             from . import moves  # its models: not at import (the adapters import this module)
 
         def in_transaction(retry: bool) -> T:
-            nonlocal tried
             with transaction.atomic(using=self.using):
                 begin_durable(connection)
                 if gated:
                     moves.pass_gate(connection, sessions)
-                # A run again after a gate's wait: an earlier attempt may have committed.
-                retry, tried = retry or tried, True
                 result = attempt(retry)
                 failpoint_commit_answer(connection)
             return result
 
         if not self.gated:
             return self.run(in_transaction, connection)
+
+        def tracked(retry: bool) -> T:
+            # Whether an attempt may have committed: one that failed otherwise than at a closed
+            # gate (whose transaction was rolled back before it changed anything). A run again
+            # after a gate's wait then looks its request up, as a retry does.
+            nonlocal tried
+            try:
+                return in_transaction(retry or tried)
+            except moves.GateClosed:
+                raise
+            except BaseException:
+                tried = True
+                raise
+
         return moves.through_gates(
-            lambda: self.run(in_transaction, connection),
+            lambda: self.run(tracked, connection),
             self.using,
             lambda: tried,
             connection.in_atomic_block,

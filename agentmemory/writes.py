@@ -36,7 +36,13 @@ from .defects import (
     failpoint_before_commit,
 )
 from .defects import NONE as NO_DEFECTS
-from .errors import IdempotencyKeyReused, InvalidMemory, ReentrantWrite, VersionConflict
+from .errors import (
+    IdempotencyKeyReused,
+    InvalidMemory,
+    ReentrantWrite,
+    SessionMoved,
+    VersionConflict,
+)
 from .models import Memory, MemoryState, MemoryVersion, Op, PendingInvalidation, is_live
 from .records import VALUE_OPS, MemoryRecord
 from .retries import Retrier
@@ -210,8 +216,23 @@ class WritePath:
             )
             return updated == 1
 
+        def gated(retry: bool) -> bool:
+            # A shard's: the memory's session's gate first, so that new vectors never land on a
+            # session while it is copied (the move's comparison would fail); one that moved away
+            # meanwhile has no row here any more, and nothing is updated.
+            rows = Memory.objects.using(self.using).filter(id=memory_id)
+            self.retrier.pass_gates(
+                connections[self.using], rows.values_list("session_id", flat=True)
+            )
+            return attempt(retry)
+
         with self._only_write():
-            return self.retrier.run(attempt)
+            if not self.retrier.gated:
+                return self.retrier.run(attempt)
+            try:
+                return self.retrier.atomic(gated)
+            except SessionMoved:
+                return False  # moved away meanwhile: its new shard's reindex indexes it
 
     def _write_all(self, session_id: str, changes: dict[str, Change]) -> dict[str, Any]:
         if len(changes) > 1 and Defect.NON_ATOMIC_MANY in self.defects:

@@ -566,3 +566,37 @@ def test_a_shard_added_forwards_every_session_it_homes_and_rebalance_brings_them
     again = io.StringIO()
     call_command("agentmemory_shards", "set", stdout=again)  # a second set: nothing to forward
     assert "0 session(s) forwarded" in again.getvalue()
+
+
+def test_a_reindex_during_the_copy_waits_and_the_move_succeeds():
+    """New vectors for a session being copied wait for the move (the copy's comparison would
+    fail if they landed on the shard it leaves): the move completes, and the reindex, run again
+    where the session lives, indexes it there."""
+    old = Index(embed=HashEmbedder(16), dims=16, fields=["$"], model="old")
+    new = Index(embed=HashEmbedder(16), dims=16, fields=["$"], model="new")
+    sharded = ShardedStore(SHARDS, cache=None, index=old)
+    session = session_on(sharded, "default")
+    sharded.remember(session, "note", "the blue kite")
+    held = hold_next_move(lambda s, _keys: s == session)
+    mover = started(sharded.move, session, "other")
+    assert held.reached.wait(10)
+    waiting = hold_next_gate_wait(lambda s, _keys: s == session)
+    reindexed: list = []
+
+    def reindex() -> None:
+        try:
+            reindexed.append(
+                ShardedStore(SHARDS, cache=None, index=new).stores["default"].reindex()
+            )
+        except BaseException as error:
+            reindexed.append(error)
+
+    reindexer = started(reindex)
+    assert waiting.reached.wait(10), "the reindex did not meet the closed gate"
+    waiting.release()
+    held.release()
+    mover.join(10)
+    reindexer.join(10)
+    assert sharded.locate(session) == "other"  # the move succeeded
+    assert reindexed == [0]  # nothing left to reindex on the shard the session left
+    assert ShardedStore(SHARDS, cache=None, index=new).reindex() == 1
