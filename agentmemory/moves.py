@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -361,6 +362,37 @@ def delete_rows(using: str, session_id: str) -> None:
         table.model.objects.using(using).filter(**{table.by_session: session_id}).delete()
 
 
+#: Bytes of values one INSERT of a copy carries at most (a single row may carry more: its own
+#: value, which the server took once already): under the MySQL family's max_allowed_packet,
+#: which check W008 keeps above two values.
+COPY_BATCH_BYTES = 1024 * 1024
+COPY_BATCH_ROWS = 200
+
+
+def _size(row: dict[str, Any]) -> int:
+    return sum(
+        len(value) if isinstance(value, (bytes, str)) else len(json.dumps(value, default=str))
+        for value in row.values()
+        if value is not None
+    )
+
+
+def _by_size(objects: list[Any], rows: list[dict[str, Any]]) -> Iterator[list[Any]]:
+    """``objects`` in runs of at most COPY_BATCH_ROWS whose rows' values add up to at most
+    COPY_BATCH_BYTES (a larger row alone)."""
+    part: list[Any] = []
+    weight = 0
+    for obj, row in zip(objects, rows, strict=True):
+        size = _size(row)
+        if part and (len(part) >= COPY_BATCH_ROWS or weight + size > COPY_BATCH_BYTES):
+            yield part
+            part, weight = [], 0
+        part.append(obj)
+        weight += size
+    if part:
+        yield part
+
+
 def _insert_rows(using: str, rows: dict[str, list[dict[str, Any]]]) -> None:
     ids: dict[str, dict[tuple[Any, ...], int]] = {}
     for table in TABLES:
@@ -373,7 +405,8 @@ def _insert_rows(using: str, rows: dict[str, list[dict[str, Any]]]) -> None:
                 field, parent, _natural = table.parent
                 row[f"{field}_id"] = ids[parent.__name__][row[f"{field}_id"]]
             objects.append(model(**row))
-        model.objects.using(using).bulk_create(objects, batch_size=200)
+        for part in _by_size(objects, wanted):
+            model.objects.using(using).bulk_create(part)
         if table.parent is None and wanted:
             session_field = table.by_session
             first = wanted[0][session_field]

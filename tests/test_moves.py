@@ -20,7 +20,14 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from agentmemory import Index, InvalidMemory, MemoryUnavailable, SessionMoved, ShardedStore
+from agentmemory import (
+    IdempotencyKeyReused,
+    Index,
+    InvalidMemory,
+    MemoryUnavailable,
+    SessionMoved,
+    ShardedStore,
+)
 from agentmemory.consistency.faults import FaultsUnavailable
 from agentmemory.consistency.sharded import SCRATCH_ALIAS, run_across_shards, shards_for_moves
 from agentmemory.consistency.workloads import WorkloadConfig
@@ -600,3 +607,27 @@ def test_a_reindex_during_the_copy_waits_and_the_move_succeeds():
     assert sharded.locate(session) == "other"  # the move succeeded
     assert reindexed == [0]  # nothing left to reindex on the shard the session left
     assert ShardedStore(SHARDS, cache=None, index=new).reindex() == 1
+
+
+def test_a_session_of_large_values_moves_in_statements_under_the_servers_packet_size(sharded):
+    """Twenty versions of values of 900 KB: 18 MB of rows, over MariaDB's default 16 MB packet
+    -- copied a few rows per statement, never all in one."""
+    session = session_on(sharded, "default", stem="big")
+    for n in range(20):
+        sharded.remember(session, "blob", {"n": n, "text": "x" * 900_000})
+    moved = sharded.move(session, "other")
+    assert moved.rows == 21  # the memory and its 20 versions
+    back = sharded.move(session, "default")  # into this run's backend: the packet that counts
+    assert back.rows == 21
+    assert sharded.recall(session, "blob").value["n"] == 19
+    assert len(sharded.history(session, "blob", limit=100)) == 20
+
+
+def test_the_same_idempotency_key_with_another_request_is_refused_after_a_move(sharded):
+    session = session_on(sharded, "default")
+    first = sharded.remember(session, "plan", "a", idempotency_key="req-1")
+    sharded.move(session, "other")
+    assert sharded.remember(session, "plan", "a", idempotency_key="req-1").version == first.version
+    with pytest.raises(IdempotencyKeyReused):
+        sharded.remember(session, "plan", "b", idempotency_key="req-1")
+    assert sharded.recall(session, "plan").value == "a"
